@@ -1,0 +1,110 @@
+// CPU aliases of device memory, the redirecting CPU allocator, and adoption
+// of kernel results as npu tensors.
+#include <ATen/EmptyTensor.h>
+#include <cstring>
+#include <ATen/core/Tensor.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/StorageImpl.h>
+#include <c10/core/TensorImpl.h>
+
+#include "aten/OpExecution.h"
+#include "core/NPUCachingAllocator.h"
+
+namespace torch_npu::exec {
+namespace {
+
+thread_local int tls_redirect_device = -1;
+c10::Allocator* g_orig_cpu = nullptr;
+
+// Frees device blocks by pointer (mkldnn's raw_deallocate path) and
+// everything else through the original CPU allocator.
+void dual_raw_free(void* ptr) {
+  if (ptr == nullptr) return;
+  if (allocator::device_of(ptr) >= 0) {
+    allocator::free_ptr(ptr);
+  } else {
+    g_orig_cpu->raw_deleter()(ptr);
+  }
+}
+
+class RedirectingCPUAllocator final : public c10::Allocator {
+ public:
+  c10::DataPtr allocate(size_t nbytes) override {
+    if (tls_redirect_device >= 0) {
+      return allocator::allocate(nbytes, tls_redirect_device, c10::Device(c10::DeviceType::CPU));
+    }
+    return g_orig_cpu->allocate(nbytes);
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &dual_raw_free; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+};
+
+RedirectingCPUAllocator g_redirect;
+
+void noop_delete(void*) {}
+
+}  // namespace
+
+DeviceMemoryScope::DeviceMemoryScope(int device) : prev_(tls_redirect_device) { tls_redirect_device = device; }
+DeviceMemoryScope::~DeviceMemoryScope() { tls_redirect_device = prev_; }
+
+void install_cpu_allocator() {
+  if (g_orig_cpu != nullptr) return;
+  g_orig_cpu = c10::GetCPUAllocator();
+  c10::SetCPUAllocator(&g_redirect, /*priority=*/100);
+}
+
+at::Tensor cpu_alias(const at::Tensor& t) {
+  const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  const c10::Storage& st = impl->unsafe_storage();
+  void* data = const_cast<void*>(st.data());
+  auto storage = c10::make_intrusive<c10::StorageImpl>(
+      c10::StorageImpl::use_byte_size_t(), st.sym_nbytes(),
+      c10::DataPtr(data, nullptr, &noop_delete, c10::Device(c10::DeviceType::CPU)), &g_redirect,
+      /*resizable=*/true);
+  auto alias = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(std::move(storage)),
+                                                         c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
+  c10::TensorImpl* a = alias.unsafeGetTensorImpl();
+  a->set_sizes_and_strides(impl->sizes(), impl->strides(), impl->storage_offset());
+  if (impl->is_conj()) a->_set_conj(true);
+  if (impl->is_neg()) a->_set_neg(true);
+  return alias;
+}
+
+c10::Storage adopt_storage(c10::StorageImpl* s, int device) {
+  const c10::Device npu(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(device));
+  if (s->data_ptr().get_deleter() == allocator::deleter()) {
+    c10::DataPtr dp = s->set_data_ptr(
+        c10::DataPtr(nullptr, nullptr, &noop_delete, c10::Device(c10::DeviceType::CPU)));
+    dp.unsafe_set_device(npu);
+    return c10::Storage(c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), s->sym_nbytes(),
+                                                              std::move(dp), allocator::get(), true));
+  }
+  // Memory the kernel did not take from the pool (a static buffer, or an
+  // allocation on an intra-op worker thread): copy it into device memory.
+  auto nbytes = s->nbytes();
+  c10::DataPtr dp = allocator::allocate(nbytes, device, npu);
+  if (nbytes) std::memcpy(dp.get(), s->data(), nbytes);
+  return c10::Storage(c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), nbytes,
+                                                            std::move(dp), allocator::get(), true));
+}
+
+at::Tensor npu_tensor_like(c10::Storage storage, const at::Tensor& geometry) {
+  auto out = at::detail::make_tensor<c10::TensorImpl>(
+      std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), geometry.dtype());
+  c10::TensorImpl* o = out.unsafeGetTensorImpl();
+  const c10::TensorImpl* g = geometry.unsafeGetTensorImpl();
+  o->set_sizes_and_strides(g->sizes(), g->strides(), g->storage_offset());
+  if (g->is_conj()) o->_set_conj(true);
+  if (g->is_neg()) o->_set_neg(true);
+  return out;
+}
+
+at::Tensor adopt_result(const at::Tensor& r, int device) {
+  if (!r.defined()) return r;
+  return npu_tensor_like(adopt_storage(r.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl(), device), r);
+}
+
+}  // namespace torch_npu::exec

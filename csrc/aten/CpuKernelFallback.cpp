@@ -1,0 +1,279 @@
+// The boxed kernel behind every ATen op that has no dedicated npu kernel:
+// validate devices, alias npu arguments as CPU tensors, run the CPU kernel
+// with allocations served from the device pool, and hand results back as
+// npu tensors. Nothing is copied.
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/op_registration/op_registration.h>
+#include <c10/util/SmallVector.h>
+#include <torch/library.h>
+
+#include <atomic>
+#include <sstream>
+
+#include "aten/OpExecution.h"
+#include "core/NPUException.h"
+#include "core/NPUGenerator.h"
+#include "runtime/AclRuntime.h"
+
+namespace torch_npu::exec {
+namespace {
+
+std::atomic<KernelObserver*> g_observer{nullptr};
+
+struct AliasEntry {
+  at::Tensor orig;
+  at::Tensor alias;
+  bool written;
+};
+
+struct StorageEntry {
+  c10::StorageImpl* cpu;
+  c10::Storage npu;
+};
+
+// Ops whose CUDA kernels accept CPU index tensors next to device tensors.
+bool accepts_cpu_indices(const c10::OperatorName& name) {
+  const std::string& n = name.name;
+  return n == "aten::index" || n == "aten::index_put_" || n == "aten::index_put" || n == "aten::_index_put_impl_" ||
+         n == "aten::_unsafe_index" || n == "aten::_unsafe_index_put";
+}
+
+std::string wrapper_name(const c10::OperatorName& name) {
+  std::string base = name.name.substr(name.name.find("::") + 2);
+  return "wrapper_NPU__" + base + (name.overload_name.empty() ? "" : "_" + name.overload_name);
+}
+
+std::string device_str(const at::Device& d) {
+  std::ostringstream os;
+  os << d;
+  return os.str();
+}
+
+struct DeviceTracker {
+  const c10::OperatorHandle& op;
+  bool allow_cpu;
+  int npu_device = -1;
+  std::optional<at::Device> common;
+
+  void see(const at::Tensor& t, const c10::Argument& arg) {
+    at::Device d = t.device();
+    if (d.type() == c10::DeviceType::PrivateUse1) {
+      if (npu_device < 0) npu_device = d.index();
+    } else if (d.is_cpu() && (t.dim() == 0 || allow_cpu)) {
+      return;  // CPU scalars (and CPU index tensors) are fine, as on CUDA
+    }
+    if (!common) {
+      common = d;
+    } else if (*common != d) {
+      TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two devices, ",
+                  device_str(*common), " and ", device_str(d), "! (when checking argument for argument ", arg.name(),
+                  " in method ", wrapper_name(op.operator_name()), ")");
+    }
+  }
+};
+
+bool is_generator_arg(const c10::Argument& arg) {
+  const auto& type = arg.type();
+  if (type->kind() == c10::TypeKind::GeneratorType) return true;
+  if (type->kind() == c10::TypeKind::OptionalType) {
+    return type->castRaw<c10::OptionalType>()->getElementType()->kind() == c10::TypeKind::GeneratorType;
+  }
+  return false;
+}
+
+[[noreturn]] void unsupported(const c10::OperatorHandle& op) {
+  const auto& n = op.operator_name();
+  TORCH_CHECK_NOT_IMPLEMENTED(false, "CAUTION: The operator '", n.name,
+                              n.overload_name.empty() ? "" : "." + n.overload_name,
+                              "' is not currently supported on the NPU backend.", OPS_ERROR(ErrCode::NOT_SUPPORT));
+}
+
+}  // namespace
+
+void set_kernel_observer(KernelObserver* observer) { g_observer.store(observer); }
+KernelObserver* kernel_observer() { return g_observer.load(std::memory_order_relaxed); }
+
+void npu_cpu_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  const auto& schema = op.schema();
+  const auto& args = schema.arguments();
+  const size_t nargs = args.size();
+  const size_t base = stack->size() - nargs;
+
+  c10::SmallVector<AliasEntry, 8> aliases;
+  DeviceTracker tracker{op, accepts_cpu_indices(op.operator_name())};
+  int gen_arg = -1;
+  int64_t first_numel = -1;
+
+  auto alias_of = [&](const at::Tensor& t, const c10::Argument& arg) -> at::Tensor {
+    tracker.see(t, arg);
+    if (t.device().type() != c10::DeviceType::PrivateUse1) return t;
+    if (first_numel < 0) first_numel = t.numel();
+    at::Tensor a = cpu_alias(t);
+    bool written = arg.alias_info() != nullptr && arg.alias_info()->isWrite();
+    aliases.push_back({t, a, written});
+    return a;
+  };
+
+  for (size_t i = 0; i < nargs; ++i) {
+    c10::IValue& iv = (*stack)[base + i];
+    if (iv.isTensor()) {
+      const at::Tensor& t = iv.toTensor();
+      if (t.defined()) iv = alias_of(t, args[i]);
+    } else if (iv.isTensorList()) {
+      auto list = iv.toTensorList();
+      c10::List<at::Tensor> out;
+      out.reserve(list.size());
+      for (const at::Tensor& t : list) out.push_back(t.defined() ? alias_of(t, args[i]) : t);
+      iv = std::move(out);
+    } else if (iv.isList() && iv.toListRef().size() > 0 && (iv.toListRef()[0].isTensor() || iv.toListRef()[0].isNone())) {
+      // Tensor?[] (e.g. index's indices)
+      auto list = iv.toOptionalTensorList();
+      c10::List<std::optional<at::Tensor>> out;
+      out.reserve(list.size());
+      for (std::optional<at::Tensor> t : list) {
+        if (t.has_value() && t->defined()) {
+          out.push_back(alias_of(*t, args[i]));
+        } else {
+          out.push_back(std::move(t));
+        }
+      }
+      iv = std::move(out);
+    } else if (iv.isDevice()) {
+      at::Device d = iv.toDevice();
+      if (d.type() == c10::DeviceType::PrivateUse1) {
+        if (tracker.npu_device < 0) tracker.npu_device = d.has_index() ? d.index() : -1;
+        iv = c10::IValue(at::Device(c10::DeviceType::CPU));
+      }
+    } else if (iv.isGenerator() || (iv.isNone() && is_generator_arg(args[i]))) {
+      gen_arg = static_cast<int>(i);
+    }
+  }
+
+  int device = tracker.npu_device;
+  if (device < 0) device = acl_emu::current_device_or_default();
+
+  if (gen_arg >= 0) {
+    c10::IValue& iv = (*stack)[base + gen_arg];
+    at::Generator gen = iv.isGenerator() ? iv.toGenerator() : default_generator(static_cast<c10::DeviceIndex>(device));
+    if (gen.device().type() == c10::DeviceType::PrivateUse1) {
+      iv = gen.get<NPUGeneratorImpl>()->engine_for_op(first_numel);
+    }
+  }
+
+  {
+    DeviceMemoryScope scope(device);
+    KernelObserver* obs = kernel_observer();
+    if (obs) obs->on_kernel_begin(op, device);
+    try {
+      op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+    } catch (const c10::NotImplementedError&) {
+      if (!op.hasKernelForDispatchKey(c10::DispatchKey::CPU)) unsupported(op);
+      throw;
+    }
+    if (obs) obs->on_kernel_end(op, device);
+  }
+
+  // Write back metadata changes (resize, set_) of mutated arguments.
+  for (auto& e : aliases) {
+    if (!e.written) continue;
+    c10::TensorImpl* oi = e.orig.unsafeGetTensorImpl();
+    c10::TensorImpl* ai = e.alias.unsafeGetTensorImpl();
+    c10::StorageImpl* as = ai->unsafe_storage().unsafeGetStorageImpl();
+    c10::StorageImpl* os = oi->unsafe_storage().unsafeGetStorageImpl();
+    if (as->data() != os->data() || as->nbytes() != os->nbytes()) {
+      c10::Storage fresh = adopt_storage(as, device);
+      c10::DataPtr dp = fresh.unsafeGetStorageImpl()->set_data_ptr(c10::DataPtr());
+      os->set_data_ptr_noswap(std::move(dp));
+      os->set_nbytes(fresh.nbytes());
+      // Keep the alias pointing at the (moved) memory for view outputs.
+      as->set_data_ptr_noswap(c10::DataPtr(os->mutable_data(), c10::Device(c10::DeviceType::CPU)));
+    }
+    if (ai->sizes() != oi->sizes() || ai->strides() != oi->strides() ||
+        ai->storage_offset() != oi->storage_offset()) {
+      oi->set_sizes_and_strides(ai->sizes(), ai->strides(), ai->storage_offset());
+    }
+  }
+
+  // Hand results back as npu tensors.
+  c10::SmallVector<StorageEntry, 4> storages;
+  auto to_npu = [&](const at::Tensor& r) -> at::Tensor {
+    if (!r.defined()) return r;
+    const c10::TensorImpl* ri = r.unsafeGetTensorImpl();
+    for (auto& e : aliases) {
+      if (e.alias.unsafeGetTensorImpl() == ri) return e.orig;
+    }
+    if (r.layout() != c10::kStrided || r.is_quantized() || !r.has_storage()) unsupported(op);
+    if (!r.is_cpu()) return r;  // e.g. a meta or already-npu result
+    c10::StorageImpl* s = ri->unsafe_storage().unsafeGetStorageImpl();
+    for (auto& e : aliases) {
+      if (e.alias.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl() == s) {
+        return npu_tensor_like(e.orig.storage(), r);
+      }
+    }
+    for (auto& se : storages) {
+      if (se.cpu == s) return npu_tensor_like(se.npu, r);
+    }
+    c10::Storage npu = adopt_storage(s, device);
+    storages.push_back({s, npu});
+    return npu_tensor_like(std::move(npu), r);
+  };
+
+  const size_t nret = schema.returns().size();
+  for (size_t i = stack->size() - nret; i < stack->size(); ++i) {
+    c10::IValue& iv = (*stack)[i];
+    if (iv.isTensor()) {
+      iv = to_npu(iv.toTensor());
+    } else if (iv.isTensorList()) {
+      auto list = iv.toTensorList();
+      c10::List<at::Tensor> out;
+      out.reserve(list.size());
+      for (const at::Tensor& t : list) out.push_back(to_npu(t));
+      iv = std::move(out);
+    }
+  }
+}
+
+int register_explicit_cpu_kernels() {
+  static torch::Library* lib = nullptr;
+  if (lib != nullptr) return 0;
+  lib = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+  int count = 0;
+  auto& dispatcher = c10::Dispatcher::singleton();
+  for (const auto& name : dispatcher.getAllOpNames()) {
+    auto op = dispatcher.findOp(name);
+    if (!op) continue;
+    if (name.name.rfind("aten::", 0) != 0) continue;
+    if (!op->hasKernelForDispatchKey(c10::DispatchKey::CPU)) continue;
+    if (op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) continue;
+    if (!op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) &&
+        !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional)) {
+      continue;
+    }
+    std::string full = name.name.substr(6) + (name.overload_name.empty() ? "" : "." + name.overload_name);
+    lib->impl(full.c_str(), torch::CppFunction::makeFromBoxedFunction<&npu_cpu_kernel>());
+    ++count;
+  }
+  return count;
+}
+
+}  // namespace torch_npu::exec
+
+// Everything without a dedicated kernel runs the CPU kernel zero-copy.
+TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&torch_npu::exec::npu_cpu_kernel>());
+}
+
+namespace {
+void sparse_unsupported(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack*) {
+  const auto& n = op.operator_name();
+  TORCH_CHECK_NOT_IMPLEMENTED(false, "CAUTION: The operator '", n.name,
+                              n.overload_name.empty() ? "" : "." + n.overload_name,
+                              "' is not currently supported on the NPU backend.",
+                              torch_npu::OPS_ERROR(torch_npu::ErrCode::NOT_SUPPORT));
+}
+}  // namespace
+
+// Sparse npu tensors are not supported by torch_npu: a clear error, no fallback.
+TORCH_LIBRARY_IMPL(_, SparsePrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&sparse_unsupported>());
+}

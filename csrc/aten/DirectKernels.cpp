@@ -1,0 +1,227 @@
+// The few ops that need an npu kernel of their own: factories (they own the
+// device pool), copies across devices, views and metadata ops (they must
+// share the npu storage, not an alias), scalar reads, and the ops whose
+// non-CPU code path has no CPU kernel (convolution's overrideable backend).
+#include <ATen/EmptyTensor.h>
+#include <ATen/Functions.h>
+#include <ATen/ops/_reshape_alias_native.h>
+#include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/unfold_native.h>
+#include <ATen/ops/view_as_complex_native.h>
+#include <ATen/ops/view_as_real_native.h>
+#include <ATen/ops/view_native.h>
+#include <c10/core/StorageImpl.h>
+#include <torch/library.h>
+
+#include <cstring>
+
+#include "aten/OpExecution.h"
+#include "core/NPUCachingAllocator.h"
+#include "core/NPUException.h"
+#include "runtime/AclRuntime.h"
+
+namespace torch_npu::kernels {
+namespace {
+
+using exec::cpu_alias;
+
+int resolve_device(std::optional<at::Device> device) {
+  int d = (device.has_value() && device->has_index()) ? device->index() : acl_emu::current_device_or_default();
+  NPU_CHECK_ERROR(acl_emu::aclrtCheckDevice(d));
+  return d;
+}
+
+const c10::DispatchKeySet kNpuKeys(c10::DispatchKey::PrivateUse1);
+
+at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<at::ScalarType> dtype,
+                               std::optional<at::Layout> layout, std::optional<at::Device> device,
+                               std::optional<bool> pin_memory, std::optional<at::MemoryFormat> memory_format) {
+  TORCH_CHECK(!pin_memory.has_value() || !*pin_memory, "Only dense CPU tensors can be pinned");
+  TORCH_CHECK(!layout.has_value() || *layout == at::kStrided,
+              "CAUTION: The operator 'aten::empty.memory_format' is not currently supported on the NPU backend "
+              "for layout ", *layout, ".", OPS_ERROR(ErrCode::NOT_SUPPORT));
+  int d = resolve_device(device);
+  return at::detail::empty_generic(size, allocator::get(d), kNpuKeys,
+                                   c10::dtype_or_default(dtype), memory_format);
+}
+
+at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::optional<at::ScalarType> dtype,
+                         std::optional<at::Layout> layout, std::optional<at::Device> device,
+                         std::optional<bool> pin_memory) {
+  TORCH_CHECK(!pin_memory.has_value() || !*pin_memory, "Only dense CPU tensors can be pinned");
+  int d = resolve_device(device);
+  return at::detail::empty_strided_generic(size, stride, allocator::get(d), kNpuKeys,
+                                           c10::dtype_or_default(dtype));
+}
+
+bool is_npu(const at::Tensor& t) { return t.device().type() == c10::DeviceType::PrivateUse1; }
+
+at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool /*non_blocking*/) {
+  if (self.is_same(src)) return self;
+  // The emulated device executes synchronously, so non_blocking copies are
+  // complete on return, exactly like a blocking copy.
+  at::Tensor dst = is_npu(self) ? cpu_alias(self) : self;
+  at::Tensor from = is_npu(src) ? cpu_alias(src) : src;
+  TORCH_CHECK(dst.is_cpu() && from.is_cpu(), "copy_ between ", self.device(), " and ", src.device(),
+              " is not supported on the NPU backend.", OPS_ERROR(ErrCode::NOT_SUPPORT));
+  int d = is_npu(self) ? self.device().index() : src.device().index();
+  exec::DeviceMemoryScope scope(d);
+  dst.copy_(from);
+  return self;
+}
+
+at::Tensor _copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
+  at::Tensor out = dst;
+  copy_(out, self, non_blocking);
+  return dst;
+}
+
+at::Tensor _copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
+  if (dst.sizes() != self.sizes()) dst.resize_(self.sizes());
+  at::Tensor out = dst;
+  copy_(out, self, false);
+  return dst;
+}
+
+// Grow `storage` to at least `nbytes` bytes on its own device, keeping data.
+void grow_storage(c10::StorageImpl* storage, size_t nbytes) {
+  if (nbytes <= storage->nbytes()) return;
+  TORCH_CHECK(storage->resizable(), "Trying to resize storage that is not resizable");
+  int d = storage->device().index();
+  c10::DataPtr dp = allocator::allocate(nbytes, d, c10::Device(c10::DeviceType::PrivateUse1, d));
+  size_t old = storage->nbytes();
+  if (old > 0 && storage->data() != nullptr) std::memcpy(dp.get(), storage->data(), old);
+  storage->set_data_ptr_noswap(std::move(dp));
+  storage->set_nbytes(nbytes);
+}
+
+const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
+                          std::optional<at::MemoryFormat> memory_format) {
+  c10::TensorImpl* impl = self.unsafeGetTensorImpl();
+  impl->set_sizes_contiguous(size);
+  const size_t needed = at::detail::computeStorageNbytesContiguous(size, self.dtype().itemsize(),
+                                                                   impl->storage_offset());
+  if (self.numel() > 0) grow_storage(impl->unsafe_storage().unsafeGetStorageImpl(), needed);
+  if (memory_format.has_value()) {
+    TORCH_CHECK(*memory_format != at::MemoryFormat::Preserve,
+                "Unsupported memory format", *memory_format);
+    impl->empty_tensor_restride(*memory_format);
+  }
+  return self;
+}
+
+void check_set_storage(const at::Tensor& self, const c10::Storage& source) {
+  TORCH_CHECK(source.device() == self.storage().device() || !self.storage().data(),
+              "Attempted to set the storage of a tensor on device \"", self.storage().device(),
+              "\" to a storage on different device \"", source.device(),
+              "\".  This is no longer allowed; the devices must match.");
+  TORCH_CHECK(source.device().type() == c10::DeviceType::PrivateUse1,
+              "Expected NPU tensor, please check whether the input tensor device is correct.",
+              PTA_ERROR(ErrCode::PARAM));
+}
+
+at::Tensor& set_storage_offset(at::Tensor& self, c10::Storage source, int64_t offset, c10::IntArrayRef size,
+                               c10::IntArrayRef stride) {
+  check_set_storage(self, source);
+  c10::TensorImpl* impl = self.unsafeGetTensorImpl();
+  impl->set_storage_keep_dtype(source);
+  impl->set_storage_offset(offset);
+  if (stride.empty()) {
+    impl->set_sizes_contiguous(size);
+  } else {
+    impl->set_sizes_and_strides(size, stride);
+  }
+  size_t needed = stride.empty()
+                      ? at::detail::computeStorageNbytesContiguous(size, self.dtype().itemsize(), offset)
+                      : at::detail::computeStorageNbytes(size, stride, self.dtype().itemsize(), offset);
+  if (self.numel() > 0) grow_storage(impl->unsafe_storage().unsafeGetStorageImpl(), needed);
+  return self;
+}
+
+at::Tensor& set_storage(at::Tensor& self, c10::Storage source) {
+  int64_t n = static_cast<int64_t>(source.nbytes() / self.dtype().itemsize());
+  return set_storage_offset(self, source, 0, {n}, {});
+}
+
+at::Tensor& set_tensor(at::Tensor& self, const at::Tensor& source) {
+  if (self.is_same(source)) return self;
+  return set_storage_offset(self, source.storage(), source.storage_offset(), source.sizes(), source.strides());
+}
+
+at::Tensor& set_empty(at::Tensor& self) {
+  int d = self.device().index();
+  c10::Storage empty(c10::Storage::use_byte_size_t(), 0, allocator::get(d), true);
+  return set_storage_offset(self, empty, 0, {0}, {});
+}
+
+bool is_set_to(const at::Tensor& self, const at::Tensor& other) {
+  return self.storage().unsafeGetStorageImpl() == other.storage().unsafeGetStorageImpl() &&
+         self.storage_offset() == other.storage_offset() && self.sizes().equals(other.sizes()) &&
+         self.strides().equals(other.strides());
+}
+
+at::Scalar local_scalar_dense(const at::Tensor& self) { return at::_local_scalar_dense(cpu_alias(self)); }
+
+void record_stream(at::Tensor&, c10::Stream) {
+  // Synchronous execution: a block is never in flight on another stream.
+}
+
+at::Tensor convolution_overrideable(const at::Tensor& input, const at::Tensor& weight,
+                                    const std::optional<at::Tensor>& bias, c10::IntArrayRef stride,
+                                    c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed,
+                                    c10::IntArrayRef output_padding, int64_t groups) {
+  int d = input.device().index();
+  std::optional<at::Tensor> b;
+  if (bias.has_value() && bias->defined()) b = cpu_alias(*bias);
+  at::Tensor out;
+  {
+    exec::DeviceMemoryScope scope(d);
+    out = at::convolution(cpu_alias(input), cpu_alias(weight), b, stride, padding, dilation, transposed,
+                          output_padding, groups);
+  }
+  return exec::adopt_result(out, d);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_overrideable(
+    const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight, c10::IntArrayRef stride,
+    c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed, c10::IntArrayRef output_padding,
+    int64_t groups, std::array<bool, 3> output_mask) {
+  int d = input.device().index();
+  std::vector<int64_t> bias_sizes{transposed ? weight.size(1) * groups : weight.size(0)};
+  at::Tensor gi, gw, gb;
+  {
+    exec::DeviceMemoryScope scope(d);
+    std::tie(gi, gw, gb) =
+        at::convolution_backward(cpu_alias(grad_output), cpu_alias(input), cpu_alias(weight), bias_sizes, stride,
+                                 padding, dilation, transposed, output_padding, groups, output_mask);
+  }
+  return {exec::adopt_result(gi, d), exec::adopt_result(gw, d), exec::adopt_result(gb, d)};
+}
+
+}  // namespace
+}  // namespace torch_npu::kernels
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  using namespace torch_npu::kernels;
+  m.impl("empty.memory_format", &empty_memory_format);
+  m.impl("empty_strided", &empty_strided);
+  m.impl("copy_", &copy_);
+  m.impl("_copy_from", &_copy_from);
+  m.impl("_copy_from_and_resize", &_copy_from_and_resize);
+  m.impl("view", &at::native::view);
+  m.impl("as_strided", &at::native::as_strided_tensorimpl);
+  m.impl("_reshape_alias", &at::native::_reshape_alias);
+  m.impl("unfold", &at::native::unfold);
+  m.impl("view_as_real", &at::native::view_as_real);
+  m.impl("view_as_complex", &at::native::view_as_complex);
+  m.impl("resize_", &resize_);
+  m.impl("set_.source_Storage_storage_offset", &set_storage_offset);
+  m.impl("set_.source_Storage", &set_storage);
+  m.impl("set_.source_Tensor", &set_tensor);
+  m.impl("set_", &set_empty);
+  m.impl("is_set_to", &is_set_to);
+  m.impl("_local_scalar_dense", &local_scalar_dense);
+  m.impl("record_stream", &record_stream);
+  m.impl("convolution_overrideable", &convolution_overrideable);
+  m.impl("convolution_backward_overrideable", &convolution_backward_overrideable);
+}

@@ -1,0 +1,61 @@
+// Zero-copy op execution. An op on npu tensors runs the stock CPU kernel on
+// CPU aliases of device memory (same pointer, sizes, strides; nothing is
+// copied). While the kernel runs, the thread's CPU allocations are served
+// from the device pool, so its outputs already live in device memory and
+// only need their device label changed.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+
+namespace torch_npu::exec {
+
+// RAII: while alive, CPU allocations made on this thread come from the pool
+// of emulated device `device`.
+class DeviceMemoryScope {
+ public:
+  explicit DeviceMemoryScope(int device);
+  ~DeviceMemoryScope();
+  DeviceMemoryScope(const DeviceMemoryScope&) = delete;
+  DeviceMemoryScope& operator=(const DeviceMemoryScope&) = delete;
+
+ private:
+  int prev_;
+};
+
+// Wraps the process CPU allocator so that DeviceMemoryScope can redirect it.
+void install_cpu_allocator();
+
+// A CPU tensor sharing `t`'s memory (t must be an npu tensor).
+at::Tensor cpu_alias(const at::Tensor& t);
+// An npu tensor on `device` for a CPU tensor produced inside a
+// DeviceMemoryScope(device); zero-copy when the memory came from the pool.
+at::Tensor adopt_result(const at::Tensor& cpu_result, int device);
+// Pieces of adopt_result: move a pool-backed CPU storage to an npu storage
+// (or copy it into the pool if it is not pool-backed), and build an npu
+// tensor over a storage with another tensor's sizes, strides and offset.
+c10::Storage adopt_storage(c10::StorageImpl* cpu_storage, int device);
+at::Tensor npu_tensor_like(c10::Storage storage, const at::Tensor& geometry);
+
+// The boxed kernel used for every ATen op without a dedicated npu kernel.
+void npu_cpu_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack);
+
+// Registers the boxed kernel explicitly for ops that have both a CPU kernel
+// and a CompositeExplicitAutograd kernel (the composite one would otherwise
+// win for PrivateUse1 and cost an extra dispatch and allocation). Returns
+// how many ops were registered.
+int register_explicit_cpu_kernels();
+
+// One hook in the execution layer. Later layers (CPU-fallback emulation,
+// profiler device timeline) observe each kernel through it. Called on the
+// executing thread around the CPU kernel; `device` is the npu index.
+struct KernelObserver {
+  virtual ~KernelObserver() = default;
+  virtual void on_kernel_begin(const c10::OperatorHandle& op, int device) = 0;
+  virtual void on_kernel_end(const c10::OperatorHandle& op, int device) = 0;
+};
+void set_kernel_observer(KernelObserver* observer);
+KernelObserver* kernel_observer();
+
+}  // namespace torch_npu::exec

@@ -1,0 +1,543 @@
+#include "core/NPUCachingAllocator.h"
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <set>
+#include <sstream>
+#include <unordered_map>
+
+#include "core/NPUException.h"
+#include "runtime/AclRuntime.h"
+
+namespace torch_npu::allocator {
+namespace {
+
+constexpr size_t kMinBlockSize = 512;
+constexpr size_t kSmallSize = 1048576;       // <= 1 MiB goes to the small pool
+constexpr size_t kSmallBuffer = 2097152;     // small-pool segment size
+constexpr size_t kLargeBuffer = 20971520;    // segment for 1-10 MiB requests
+constexpr size_t kMinLargeAlloc = 10485760;
+constexpr size_t kRoundLarge = 2097152;
+constexpr uint64_t kOneEB = 1ULL << 60;
+
+std::string format_size(uint64_t size) {
+  std::ostringstream os;
+  os.precision(2);
+  os << std::fixed;
+  if (size <= 1024) {
+    os << size << " bytes";
+  } else if (size <= 1048576) {
+    os << (size / 1024.0) << " KiB";
+  } else if (size <= 1073741824ULL) {
+    os << (size / 1048576.0) << " MiB";
+  } else {
+    os << (size / 1073741824.0) << " GiB";
+  }
+  return os.str();
+}
+
+// ---- PYTORCH_NPU_ALLOC_CONF ------------------------------------------------
+struct AllocConf {
+  size_t max_split_size = SIZE_MAX;
+  double gc_threshold = 0.0;
+  bool expandable_segments = false;
+  double conf_fraction = 0.0;  // per_process_memory_fraction from the env
+  bool caching_disabled = false;
+  std::string text;
+};
+
+[[noreturn]] void bad_conf(const std::string& msg) {
+  TORCH_CHECK(false, msg, PTA_ERROR(ErrCode::PARAM));
+}
+
+AllocConf parse_conf() {
+  AllocConf c;
+  const char* npu = std::getenv("PYTORCH_NPU_ALLOC_CONF");
+  const char* generic = std::getenv("PYTORCH_ALLOC_CONF");
+  if (npu && generic) {
+    bad_conf("PYTORCH_NPU_ALLOC_CONF and PYTORCH_ALLOC_CONF cannot be set at the same time.");
+  }
+  const char* env = npu ? npu : generic;
+  if (const char* nc = std::getenv("PYTORCH_NO_NPU_MEMORY_CACHING")) {
+    c.caching_disabled = std::string(nc) == "1";
+  }
+  if (env == nullptr) return c;
+  c.text = env;
+  std::string s(env);
+  size_t pos = 0;
+  while (pos <= s.size()) {
+    size_t comma = s.find(',', pos);
+    std::string item = s.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    pos = comma == std::string::npos ? s.size() + 1 : comma + 1;
+    // strip spaces
+    item.erase(std::remove(item.begin(), item.end(), ' '), item.end());
+    if (item.empty()) continue;
+    size_t colon = item.find(':');
+    if (colon == std::string::npos) {
+      bad_conf("Error parsing backend configuration, expected ':' after key in \"" + item + "\"");
+    }
+    std::string key = item.substr(0, colon), val = item.substr(colon + 1);
+    auto as_double = [&](double lo, double hi, bool lo_open, bool hi_open) {
+      char* end = nullptr;
+      double v = std::strtod(val.c_str(), &end);
+      bool ok = end && *end == '\0' && !val.empty() && (lo_open ? v > lo : v >= lo) && (hi_open ? v < hi : v <= hi);
+      if (!ok) bad_conf(key + " is invalid, got " + val);
+      return v;
+    };
+    if (key == "max_split_size_mb") {
+      double v = as_double(kLargeBuffer / 1048576.0, 1e18, true, false);
+      c.max_split_size = static_cast<size_t>(v) * 1048576;
+    } else if (key == "garbage_collection_threshold") {
+      c.gc_threshold = as_double(0.0, 1.0, true, true);
+    } else if (key == "expandable_segments") {
+      if (val != "True" && val != "False") bad_conf("Expected a single True/False argument for expandable_segments");
+      c.expandable_segments = val == "True";
+    } else if (key == "per_process_memory_fraction") {
+      c.conf_fraction = as_double(0.0, 1.0, false, false);
+    } else if (key == "base_addr_aligned_kb" || key == "segment_size_mb" || key == "large_segment_size_mb" ||
+               key == "roundup_power2_divisions" || key == "page_size" || key == "pinned_use_background_threads" ||
+               key == "pin_memory_expandable_segments" || key == "pinned_mem_register" ||
+               key == "release_lock_on_npumalloc") {
+      // Accepted for compatibility; these tune hardware paging and have no
+      // observable effect on an emulated device.
+    } else {
+      bad_conf("Unrecognized CachingAllocator option: " + key);
+    }
+  }
+  return c;
+}
+
+// ---- blocks ----------------------------------------------------------------
+struct Block {
+  int device;
+  size_t size;
+  size_t requested = 0;
+  char* ptr;
+  bool allocated = false;
+  bool small;
+  Block* prev = nullptr;
+  Block* next = nullptr;
+  Block(int d, size_t s, char* p, bool sm) : device(d), size(s), ptr(p), small(sm) {}
+  bool is_split() const { return prev != nullptr || next != nullptr; }
+};
+
+struct BlockLess {
+  bool operator()(const Block* a, const Block* b) const {
+    if (a->size != b->size) return a->size < b->size;
+    return a->ptr < b->ptr;
+  }
+};
+
+struct DeviceState {
+  std::set<Block*, BlockLess> small_free, large_free;
+  std::set<Block*> segments;  // first block of each segment
+  DeviceStats stats;
+  uint64_t reserved = 0;
+  double fraction = 1.0;
+};
+
+class Allocator {
+ public:
+  Allocator() : conf_(parse_conf()) {
+    uint32_t n = 0;
+    acl_emu::aclrtGetDeviceCount(&n);
+    devices_.resize(n);
+    for (auto& d : devices_) {
+      d.stats.max_split_size = conf_.max_split_size == SIZE_MAX ? 0 : static_cast<int64_t>(conf_.max_split_size);
+      if (conf_.conf_fraction > 0) d.fraction = conf_.conf_fraction;
+    }
+  }
+
+  void* malloc(size_t size, int device) {
+    std::lock_guard<std::mutex> g(mu_);
+    check_device(device);
+    DeviceState& ds = devices_[device];
+    if (size >= kOneEB) {
+      ds.stats.num_ooms++;
+      TORCH_CHECK_WITH(OutOfMemoryError, false, "NPU out of memory. Tried to allocate more than 1EB memory.");
+    }
+    size_t rounded = round_size(size);
+    bool small = rounded <= kSmallSize;
+    auto& pool = small ? ds.small_free : ds.large_free;
+    Block* b = find_free(pool, rounded);
+    if (b == nullptr) {
+      maybe_collect(ds, device);
+      b = new_segment(ds, device, rounded, small, size);
+    }
+    b = split(ds, b, rounded);
+    b->allocated = true;
+    b->requested = size;
+    active_[b->ptr] = b;
+    update_alloc_stats(ds, b, +1);
+    return b->ptr;
+  }
+
+  void free(void* ptr) {
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = active_.find(ptr);
+    TORCH_INTERNAL_ASSERT(it != active_.end(), "invalid device pointer freed: ", ptr);
+    Block* b = it->second;
+    active_.erase(it);
+    DeviceState& ds = devices_[b->device];
+    update_alloc_stats(ds, b, -1);
+    b->allocated = false;
+    b->requested = 0;
+    auto& pool = b->small ? ds.small_free : ds.large_free;
+    b = merge(ds, pool, b);
+    insert_free(ds, pool, b);
+    if (conf_.caching_disabled && !b->is_split()) release_segment(ds, pool, b);
+  }
+
+  int device_of(const void* ptr) {
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = active_.find(const_cast<void*>(ptr));
+    return it == active_.end() ? -1 : it->second->device;
+  }
+
+  void empty_cache() {
+    std::lock_guard<std::mutex> g(mu_);
+    for (auto& ds : devices_) release_cached(ds);
+  }
+
+  DeviceStats stats(int device) {
+    std::lock_guard<std::mutex> g(mu_);
+    check_device(device);
+    return devices_[device].stats;
+  }
+
+  void reset_accumulated(int device) {
+    std::lock_guard<std::mutex> g(mu_);
+    check_device(device);
+    auto& s = devices_[device].stats;
+    for (int i = 0; i < NUM_STAT_TYPES; ++i) {
+      for (Stat* st : {&s.allocation[i], &s.segment[i], &s.active[i], &s.inactive_split[i], &s.allocated_bytes[i],
+                       &s.reserved_bytes[i], &s.active_bytes[i], &s.inactive_split_bytes[i], &s.requested_bytes[i]}) {
+        st->reset_accumulated();
+      }
+    }
+    s.oversize_allocations.reset_accumulated();
+    s.oversize_segments.reset_accumulated();
+    s.num_alloc_retries = s.num_ooms = s.num_sync_all_streams = s.num_device_alloc = s.num_device_free = 0;
+  }
+
+  void reset_peak(int device) {
+    std::lock_guard<std::mutex> g(mu_);
+    check_device(device);
+    auto& s = devices_[device].stats;
+    for (int i = 0; i < NUM_STAT_TYPES; ++i) {
+      for (Stat* st : {&s.allocation[i], &s.segment[i], &s.active[i], &s.inactive_split[i], &s.allocated_bytes[i],
+                       &s.reserved_bytes[i], &s.active_bytes[i], &s.inactive_split_bytes[i], &s.requested_bytes[i]}) {
+        st->reset_peak();
+      }
+    }
+    s.oversize_allocations.reset_peak();
+    s.oversize_segments.reset_peak();
+  }
+
+  std::vector<SegmentInfo> snapshot() {
+    std::lock_guard<std::mutex> g(mu_);
+    std::vector<SegmentInfo> out;
+    for (size_t d = 0; d < devices_.size(); ++d) {
+      std::vector<Block*> heads(devices_[d].segments.begin(), devices_[d].segments.end());
+      std::sort(heads.begin(), heads.end(), [](Block* a, Block* b) { return a->ptr < b->ptr; });
+      for (Block* h : heads) {
+        SegmentInfo si{static_cast<int>(d), reinterpret_cast<int64_t>(h->ptr), 0, 0, 0, 0, 0, !h->small, {}};
+        for (Block* b = h; b != nullptr; b = b->next) {
+          si.total_size += b->size;
+          if (b->allocated) {
+            si.allocated_size += b->size;
+            si.active_size += b->size;
+            si.requested_size += b->requested;
+          }
+          si.blocks.push_back({reinterpret_cast<int64_t>(b->ptr), static_cast<int64_t>(b->size),
+                               static_cast<int64_t>(b->requested), b->allocated});
+        }
+        out.push_back(std::move(si));
+      }
+    }
+    return out;
+  }
+
+  void set_fraction(double f, int device) {
+    std::lock_guard<std::mutex> g(mu_);
+    check_device(device);
+    devices_[device].fraction = f;
+  }
+  double get_fraction(int device) {
+    std::lock_guard<std::mutex> g(mu_);
+    check_device(device);
+    return devices_[device].fraction;
+  }
+
+  const AllocConf& conf() const { return conf_; }
+
+ private:
+  void check_device(int device) {
+    TORCH_CHECK(device >= 0 && device < static_cast<int>(devices_.size()), "Invalid device argument ", device,
+                ": did you call init?", PTA_ERROR(ErrCode::PARAM));
+  }
+
+  static size_t round_size(size_t size) {
+    if (size < kMinBlockSize) return kMinBlockSize;
+    return kMinBlockSize * ((size + kMinBlockSize - 1) / kMinBlockSize);
+  }
+
+  static size_t segment_size(size_t size) {
+    if (size <= kSmallSize) return kSmallBuffer;
+    if (size < kMinLargeAlloc) return kLargeBuffer;
+    return kRoundLarge * ((size + kRoundLarge - 1) / kRoundLarge);
+  }
+
+  Block* find_free(std::set<Block*, BlockLess>& pool, size_t size) {
+    Block key(0, size, nullptr, false);
+    auto it = pool.lower_bound(&key);
+    if (it == pool.end()) return nullptr;
+    Block* b = *it;
+    // Oversize blocks are not split for smaller requests, and are only
+    // reused for requests close to their size (CUDA's rule).
+    if (size < conf_.max_split_size && b->size >= conf_.max_split_size) return nullptr;
+    if (size >= conf_.max_split_size && b->size >= size + kLargeBuffer) return nullptr;
+    erase_free(devices_[b->device], pool, b);
+    return b;
+  }
+
+  uint64_t limit(const DeviceState& ds) const {
+    return static_cast<uint64_t>(std::floor(acl_emu::config().capacity * ds.fraction));
+  }
+
+  Block* new_segment(DeviceState& ds, int device, size_t rounded, bool small, size_t requested) {
+    size_t seg = segment_size(rounded);
+    const uint64_t cap = acl_emu::config().capacity;
+    const bool limited = ds.fraction < 1.0;
+    auto fits = [&] { return ds.reserved + seg <= limit(ds) && acl_emu::driver_used_bytes(device) + seg <= cap; };
+    void* p = nullptr;
+    if (fits()) acl_emu::aclrtMalloc(&p, seg, device);
+    if (p == nullptr) {
+      // Free every cached segment and retry once, as the real allocator does.
+      ds.stats.num_alloc_retries++;
+      release_cached(ds);
+      if (fits()) acl_emu::aclrtMalloc(&p, seg, device);
+    }
+    if (p == nullptr) {
+      ds.stats.num_ooms++;
+      if (conf_.conf_fraction > 0 && ds.reserved + seg > limit(ds)) {
+        TORCH_CHECK_WITH(OutOfMemoryError, false,
+                         "NPU out of memory. Allocation was preemptively rejected because it would exceed "
+                         "per_process_memory_fraction limit. Requested size: ",
+                         format_size(requested));
+      }
+      uint64_t used = acl_emu::driver_used_bytes(device);
+      uint64_t free_b = cap > used ? cap - used : 0;
+      std::string allowed = limited ? format_size(limit(ds)) + " allowed; " : "";
+      TORCH_CHECK_WITH(OutOfMemoryError, false, "NPU out of memory. Tried to allocate ", format_size(requested),
+                       " (NPU ", device, "; ", format_size(cap), " total capacity; ",
+                       format_size(ds.stats.allocated_bytes[ALL].current), " already allocated; ",
+                       format_size(ds.stats.active_bytes[ALL].current), " current active; ", format_size(free_b),
+                       " free; ", allowed, format_size(ds.reserved),
+                       " reserved in total by PyTorch).If reserved memory is >> allocated memory try setting "
+                       "max_split_size_mb to avoid fragmentation.",
+                       PTA_ERROR(ErrCode::MEMORY));
+    }
+    Block* b = new Block(device, seg, static_cast<char*>(p), small);
+    ds.reserved += seg;
+    ds.segments.insert(b);
+    ds.stats.num_device_alloc++;
+    for (int t : {ALL, small ? SMALL_POOL : LARGE_POOL}) {
+      ds.stats.segment[t].increase(1);
+      ds.stats.reserved_bytes[t].increase(seg);
+    }
+    if (seg >= conf_.max_split_size) ds.stats.oversize_segments.increase(1);
+    return b;
+  }
+
+  Block* split(DeviceState& ds, Block* b, size_t size) {
+    size_t remaining = b->size - size;
+    bool should = b->small ? remaining >= kMinBlockSize
+                           : (size < conf_.max_split_size && remaining > kSmallSize);
+    if (!should) return b;
+    Block* rest = new Block(b->device, remaining, b->ptr + size, b->small);
+    rest->prev = b;
+    rest->next = b->next;
+    if (rest->next) rest->next->prev = rest;
+    b->next = rest;
+    b->size = size;
+    insert_free(ds, b->small ? ds.small_free : ds.large_free, rest);
+    return b;
+  }
+
+  void insert_free(DeviceState& ds, std::set<Block*, BlockLess>& pool, Block* b) {
+    pool.insert(b);
+    if (b->is_split()) {
+      for (int t : {ALL, b->small ? SMALL_POOL : LARGE_POOL}) {
+        ds.stats.inactive_split[t].increase(1);
+        ds.stats.inactive_split_bytes[t].increase(b->size);
+      }
+    }
+  }
+
+  void erase_free(DeviceState& ds, std::set<Block*, BlockLess>& pool, Block* b) {
+    pool.erase(b);
+    if (b->is_split()) {
+      for (int t : {ALL, b->small ? SMALL_POOL : LARGE_POOL}) {
+        ds.stats.inactive_split[t].decrease(1);
+        ds.stats.inactive_split_bytes[t].decrease(b->size);
+      }
+    }
+  }
+
+  Block* merge(DeviceState& ds, std::set<Block*, BlockLess>& pool, Block* b) {
+    if (b->prev && !b->prev->allocated) {
+      Block* p = b->prev;
+      erase_free(ds, pool, p);
+      p->size += b->size;
+      p->next = b->next;
+      if (p->next) p->next->prev = p;
+      delete b;
+      b = p;
+    }
+    if (b->next && !b->next->allocated) {
+      Block* n = b->next;
+      erase_free(ds, pool, n);
+      b->size += n->size;
+      b->next = n->next;
+      if (b->next) b->next->prev = b;
+      delete n;
+    }
+    return b;
+  }
+
+  void update_alloc_stats(DeviceState& ds, Block* b, int sign) {
+    auto& s = ds.stats;
+    for (int t : {ALL, b->small ? SMALL_POOL : LARGE_POOL}) {
+      if (sign > 0) {
+        s.allocation[t].increase(1);
+        s.active[t].increase(1);
+        s.allocated_bytes[t].increase(b->size);
+        s.active_bytes[t].increase(b->size);
+        s.requested_bytes[t].increase(b->requested);
+      } else {
+        s.allocation[t].decrease(1);
+        s.active[t].decrease(1);
+        s.allocated_bytes[t].decrease(b->size);
+        s.active_bytes[t].decrease(b->size);
+        s.requested_bytes[t].decrease(b->requested);
+      }
+    }
+    if (b->size >= conf_.max_split_size) {
+      if (sign > 0) s.oversize_allocations.increase(1); else s.oversize_allocations.decrease(1);
+    }
+  }
+
+  void release_segment(DeviceState& ds, std::set<Block*, BlockLess>& pool, Block* b) {
+    erase_free(ds, pool, b);
+    acl_emu::aclrtFree(b->ptr, b->size, b->device);
+    ds.reserved -= b->size;
+    ds.segments.erase(b);
+    ds.stats.num_device_free++;
+    for (int t : {ALL, b->small ? SMALL_POOL : LARGE_POOL}) {
+      ds.stats.segment[t].decrease(1);
+      ds.stats.reserved_bytes[t].decrease(b->size);
+    }
+    if (b->size >= conf_.max_split_size) ds.stats.oversize_segments.decrease(1);
+    delete b;
+  }
+
+  void release_cached(DeviceState& ds) {
+    for (auto* pool : {&ds.small_free, &ds.large_free}) {
+      std::vector<Block*> whole;
+      for (Block* b : *pool) {
+        if (!b->is_split()) whole.push_back(b);
+      }
+      for (Block* b : whole) release_segment(ds, *pool, b);
+    }
+  }
+
+  void maybe_collect(DeviceState& ds, int device) {
+    if (conf_.gc_threshold <= 0) return;
+    if (ds.reserved > conf_.gc_threshold * limit(ds)) release_cached(ds);
+    (void)device;
+  }
+
+  std::mutex mu_;
+  AllocConf conf_;
+  std::vector<DeviceState> devices_;
+  std::unordered_map<void*, Block*> active_;
+};
+
+Allocator& instance() {
+  static Allocator* a = new Allocator();  // leaked: outlives static tensors
+  return *a;
+}
+
+void free_fn(void* ptr) {
+  if (ptr != nullptr) instance().free(ptr);
+}
+
+class NPUAllocator final : public c10::Allocator {
+ public:
+  explicit NPUAllocator(int device = -1) : device_(device) {}
+  c10::DataPtr allocate(size_t nbytes) override {
+    int32_t dev = device_ >= 0 ? device_ : acl_emu::current_device_or_default();
+    return torch_npu::allocator::allocate(nbytes, dev, c10::Device(c10::DeviceType::PrivateUse1, dev));
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &free_fn; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+
+ private:
+  int device_;
+};
+
+NPUAllocator g_npu_allocator;
+
+}  // namespace
+
+c10::Allocator* get() { return &g_npu_allocator; }
+
+c10::Allocator* get(int device) {
+  static std::vector<NPUAllocator*>* per_device = [] {
+    auto* v = new std::vector<NPUAllocator*>();
+    for (int i = 0; i < 64; ++i) v->push_back(new NPUAllocator(i));
+    return v;
+  }();
+  return (*per_device)[device];
+}
+
+c10::DataPtr allocate(size_t nbytes, int device, c10::Device label) {
+  if (nbytes == 0) return {nullptr, nullptr, &free_fn, label};
+  void* p = instance().malloc(nbytes, device);
+  return {p, p, &free_fn, label};
+}
+
+void free_ptr(void* ptr) { free_fn(ptr); }
+c10::DeleterFnPtr deleter() { return &free_fn; }
+int device_of(const void* ptr) { return instance().device_of(ptr); }
+
+void* raw_alloc(size_t nbytes, int device) {
+  return nbytes == 0 ? nullptr : instance().malloc(nbytes, device);
+}
+void raw_delete(void* ptr) { free_fn(ptr); }
+
+void empty_cache() { instance().empty_cache(); }
+DeviceStats stats(int device) { return instance().stats(device); }
+void reset_accumulated_stats(int device) { instance().reset_accumulated(device); }
+void reset_peak_stats(int device) { instance().reset_peak(device); }
+std::vector<SegmentInfo> snapshot() { return instance().snapshot(); }
+void set_memory_fraction(double fraction, int device) { instance().set_fraction(fraction, device); }
+double get_memory_fraction(int device) { return instance().get_fraction(device); }
+
+std::pair<uint64_t, uint64_t> mem_get_info(int device) {
+  uint64_t cap = acl_emu::config().capacity;
+  uint64_t used = acl_emu::driver_used_bytes(device);
+  return {cap > used ? cap - used : 0, cap};
+}
+
+std::string config_string() { return instance().conf().text; }
+
+}  // namespace torch_npu::allocator

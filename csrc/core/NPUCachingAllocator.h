@@ -1,0 +1,95 @@
+// Per-device caching allocator for emulated NPU memory, shaped like CUDA's:
+// blocks carved from segments obtained through aclrtMalloc, a small pool
+// (<= 1 MiB requests, 2 MiB segments) and a large pool, block splitting and
+// coalescing, CUDA's statistics keys, PYTORCH_NPU_ALLOC_CONF, and the real
+// torch_npu out-of-memory text.
+#pragma once
+
+#include <c10/core/Allocator.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace torch_npu::allocator {
+
+struct Stat {
+  int64_t current = 0, peak = 0, allocated = 0, freed = 0;
+  void increase(int64_t n) {
+    current += n;
+    allocated += n;
+    if (current > peak) peak = current;
+  }
+  void decrease(int64_t n) {
+    current -= n;
+    freed += n;
+  }
+  void reset_accumulated() { allocated = freed = 0; }
+  void reset_peak() { peak = current; }
+};
+
+enum StatType { ALL = 0, SMALL_POOL = 1, LARGE_POOL = 2, NUM_STAT_TYPES = 3 };
+
+struct DeviceStats {
+  Stat allocation[NUM_STAT_TYPES];
+  Stat segment[NUM_STAT_TYPES];
+  Stat active[NUM_STAT_TYPES];
+  Stat inactive_split[NUM_STAT_TYPES];
+  Stat allocated_bytes[NUM_STAT_TYPES];
+  Stat reserved_bytes[NUM_STAT_TYPES];
+  Stat active_bytes[NUM_STAT_TYPES];
+  Stat inactive_split_bytes[NUM_STAT_TYPES];
+  Stat requested_bytes[NUM_STAT_TYPES];
+  int64_t num_alloc_retries = 0;
+  int64_t num_ooms = 0;
+  int64_t num_sync_all_streams = 0;
+  int64_t num_device_alloc = 0;
+  int64_t num_device_free = 0;
+  Stat oversize_allocations;
+  Stat oversize_segments;
+  int64_t max_split_size = 0;
+};
+
+struct BlockInfo {
+  int64_t address, size, requested_size;
+  bool allocated;
+};
+struct SegmentInfo {
+  int device;
+  int64_t address, total_size, allocated_size, active_size, requested_size;
+  int64_t stream;
+  bool is_large;
+  std::vector<BlockInfo> blocks;
+};
+
+// The c10::Allocator registered for PrivateUse1: allocates on the thread's
+// current device.
+c10::Allocator* get();
+// An allocator bound to one device (valid index required).
+c10::Allocator* get(int device);
+
+// Allocation on an explicit device; returns a DataPtr labelled `label`
+// (npu:device for device tensors, cpu while a CPU kernel runs on an alias).
+c10::DataPtr allocate(size_t nbytes, int device, c10::Device label);
+// Deleter shared by every DataPtr we hand out (context == data pointer).
+void free_ptr(void* ptr);
+c10::DeleterFnPtr deleter();
+// Device owning `ptr` if it is an allocation of ours, else -1.
+int device_of(const void* ptr);
+
+void* raw_alloc(size_t nbytes, int device);
+void raw_delete(void* ptr);
+
+void empty_cache();
+DeviceStats stats(int device);
+void reset_accumulated_stats(int device);
+void reset_peak_stats(int device);
+std::vector<SegmentInfo> snapshot();
+void set_memory_fraction(double fraction, int device);
+double get_memory_fraction(int device);
+// (free, total) as the driver sees it.
+std::pair<uint64_t, uint64_t> mem_get_info(int device);
+// Parsed PYTORCH_NPU_ALLOC_CONF as "key:value" pairs (for diagnostics).
+std::string config_string();
+
+}  // namespace torch_npu::allocator

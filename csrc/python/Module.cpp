@@ -1,0 +1,249 @@
+// torch_npu._C: the Python face of the C++ core. This is the only
+// translation unit that includes Python/pybind11 headers.
+#include <torch/csrc/Generator.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/Allocator.h>
+
+#include "aten/OpExecution.h"
+#include "core/NPUCachingAllocator.h"
+#include "core/NPUException.h"
+#include "core/NPUGenerator.h"
+#include "core/NPUGuard.h"
+#include "runtime/AclRuntime.h"
+
+namespace py = pybind11;
+
+namespace torch_npu {
+void register_hooks();
+}
+
+namespace {
+
+struct DeviceProperties {
+  std::string name;
+  uint64_t total_memory;
+  int cube_core_num = 24;
+  int vector_core_num = 48;
+  int64_t L2_cache_size = 192LL << 20;
+  int major = 0, minor = 0;
+  int is_multi_gpu_board = 0, is_integrated = 0;
+  int multi_processor_count = 24;
+  int max_threads_per_multi_processor = 0, warp_size = 0, regs_per_multiprocessor = 0;
+  std::string gcnArchName;
+  std::string uuid;
+};
+
+int checked_device(int64_t d) {
+  NPU_CHECK_ERROR(acl_emu::aclrtCheckDevice(static_cast<int32_t>(d)));
+  return static_cast<int>(d);
+}
+
+py::dict stat_dict(const torch_npu::allocator::Stat& s) {
+  py::dict d;
+  d["current"] = s.current;
+  d["peak"] = s.peak;
+  d["allocated"] = s.allocated;
+  d["freed"] = s.freed;
+  return d;
+}
+
+py::dict stat_array(const torch_npu::allocator::Stat (&arr)[torch_npu::allocator::NUM_STAT_TYPES]) {
+  static const char* names[] = {"all", "small_pool", "large_pool"};
+  py::dict d;
+  for (int i = 0; i < torch_npu::allocator::NUM_STAT_TYPES; ++i) d[names[i]] = stat_dict(arr[i]);
+  return d;
+}
+
+py::dict memory_stats(int64_t device) {
+  auto s = torch_npu::allocator::stats(checked_device(device));
+  py::dict r;
+  r["num_alloc_retries"] = s.num_alloc_retries;
+  r["num_ooms"] = s.num_ooms;
+  r["num_sync_all_streams"] = s.num_sync_all_streams;
+  r["num_device_alloc"] = s.num_device_alloc;
+  r["num_device_free"] = s.num_device_free;
+  r["max_split_size"] = s.max_split_size;
+  r["allocation"] = stat_array(s.allocation);
+  r["segment"] = stat_array(s.segment);
+  r["active"] = stat_array(s.active);
+  r["inactive_split"] = stat_array(s.inactive_split);
+  r["allocated_bytes"] = stat_array(s.allocated_bytes);
+  r["reserved_bytes"] = stat_array(s.reserved_bytes);
+  r["active_bytes"] = stat_array(s.active_bytes);
+  r["inactive_split_bytes"] = stat_array(s.inactive_split_bytes);
+  r["requested_bytes"] = stat_array(s.requested_bytes);
+  r["oversize_allocations"] = stat_dict(s.oversize_allocations);
+  r["oversize_segments"] = stat_dict(s.oversize_segments);
+  return r;
+}
+
+py::dict memory_snapshot() {
+  py::list segments;
+  for (const auto& seg : torch_npu::allocator::snapshot()) {
+    py::dict d;
+    d["device"] = seg.device;
+    d["address"] = seg.address;
+    d["total_size"] = seg.total_size;
+    d["allocated_size"] = seg.allocated_size;
+    d["active_size"] = seg.active_size;
+    d["requested_size"] = seg.requested_size;
+    d["stream"] = seg.stream;
+    d["segment_type"] = seg.is_large ? "large" : "small";
+    d["segment_pool_id"] = py::make_tuple(0, 0);
+    d["is_expandable"] = false;
+    d["frames"] = py::list();
+    py::list blocks;
+    for (const auto& b : seg.blocks) {
+      py::dict bd;
+      bd["address"] = b.address;
+      bd["size"] = b.size;
+      bd["requested_size"] = b.requested_size;
+      bd["state"] = b.allocated ? "active_allocated" : "inactive";
+      bd["frames"] = py::list();
+      blocks.append(bd);
+    }
+    d["blocks"] = blocks;
+    segments.append(d);
+  }
+  py::dict r;
+  r["segments"] = segments;
+  r["device_traces"] = py::list();
+  return r;
+}
+
+py::tuple stream_tuple(const c10::Stream& s) {
+  return py::make_tuple(s.id(), static_cast<int>(s.device_index()), static_cast<int>(s.device_type()));
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "torch_npu C++ core (emulated Ascend NPU)";
+
+  // Done at import: before any npu op can run, the CPU allocator must be
+  // redirectable and the explicit CPU kernels registered.
+  m.def("_initExtension", [] {
+    torch_npu::exec::install_cpu_allocator();
+    torch_npu::register_hooks();
+    c10::SetAllocator(c10::DeviceType::PrivateUse1, torch_npu::allocator::get());
+    return torch_npu::exec::register_explicit_cpu_kernels();
+  });
+  m.def("_npu_init", [] {
+    // Validates PYTORCH_NPU_ALLOC_CONF (raises on a bad key).
+    torch_npu::allocator::stats(0 < acl_emu::config().visible.size() ? 0 : 0);
+  });
+  m.def("_npu_getDeviceCount", [] {
+    uint32_t n = 0;
+    acl_emu::aclrtGetDeviceCount(&n);
+    return static_cast<int>(n);
+  });
+  m.def("_npu_setDevice", [](int64_t d) { NPU_CHECK_ERROR(acl_emu::aclrtSetDevice(static_cast<int32_t>(d))); });
+  m.def("_npu_getDevice", [] { return acl_emu::current_device_or_default(); });
+  m.def("_npu_synchronize", [] {});
+  m.def("_npu_set_run_yet_variable_to_false", [] {});
+  m.def("_npu_canDeviceAccessPeer", [](int64_t a, int64_t b) {
+    checked_device(a);
+    checked_device(b);
+    return true;
+  });
+
+  py::class_<DeviceProperties>(m, "_NPUDeviceProperties")
+      .def_readonly("name", &DeviceProperties::name)
+      .def_readonly("total_memory", &DeviceProperties::total_memory)
+      .def_readonly("cube_core_num", &DeviceProperties::cube_core_num)
+      .def_readonly("vector_core_num", &DeviceProperties::vector_core_num)
+      .def_readonly("L2_cache_size", &DeviceProperties::L2_cache_size)
+      .def_readonly("major", &DeviceProperties::major)
+      .def_readonly("minor", &DeviceProperties::minor)
+      .def_readonly("is_multi_gpu_board", &DeviceProperties::is_multi_gpu_board)
+      .def_readonly("is_integrated", &DeviceProperties::is_integrated)
+      .def_readonly("multi_processor_count", &DeviceProperties::multi_processor_count)
+      .def_readonly("max_threads_per_multi_processor", &DeviceProperties::max_threads_per_multi_processor)
+      .def_readonly("warp_size", &DeviceProperties::warp_size)
+      .def_readonly("regs_per_multiprocessor", &DeviceProperties::regs_per_multiprocessor)
+      .def_readonly("gcnArchName", &DeviceProperties::gcnArchName)
+      .def_readonly("uuid", &DeviceProperties::uuid)
+      .def("__repr__", [](const DeviceProperties& p) {
+        std::ostringstream os;
+        os << "_NPUDeviceProperties(name='" << p.name << "', total_memory=" << p.total_memory / (1024 * 1024)
+           << "MB, cube_core_num=" << p.cube_core_num << ", vector_core_num=" << p.vector_core_num
+           << ", uuid=" << p.uuid << ", L2_cache_size=" << p.L2_cache_size / (1024 * 1024) << "MB)";
+        return os.str();
+      });
+  m.def("_npu_getDeviceProperties", [](int64_t d) {
+    int dev = checked_device(d);
+    const auto& cfg = acl_emu::config();
+    DeviceProperties p;
+    p.name = cfg.name;
+    p.total_memory = cfg.capacity;
+    char buf[64];
+    std::snprintf(buf, sizeof(buf), "a5c3e0d2-emu0-4e50-8000-%012x", cfg.visible[dev]);
+    p.uuid = buf;
+    return p;
+  });
+
+  // memory
+  m.def("_npu_memoryStats", &memory_stats);
+  m.def("_npu_resetAccumulatedMemoryStats",
+        [](int64_t d) { torch_npu::allocator::reset_accumulated_stats(checked_device(d)); });
+  m.def("_npu_resetPeakMemoryStats", [](int64_t d) { torch_npu::allocator::reset_peak_stats(checked_device(d)); });
+  m.def("_npu_emptyCache", [] { torch_npu::allocator::empty_cache(); });
+  m.def("_npu_memorySnapshot", &memory_snapshot);
+  m.def("_npu_setMemoryFraction",
+        [](double f, int64_t d) { torch_npu::allocator::set_memory_fraction(f, checked_device(d)); });
+  m.def("_npu_getMemoryFraction",
+        [](int64_t d) { return torch_npu::allocator::get_memory_fraction(checked_device(d)); });
+  m.def("_npu_getMemInfo", [](int64_t d) {
+    auto r = torch_npu::allocator::mem_get_info(checked_device(d));
+    return py::make_tuple(r.first, r.second);
+  });
+  m.def("_npu_cachingAllocator_raw_alloc", [](int64_t size, int64_t d) {
+    return reinterpret_cast<int64_t>(torch_npu::allocator::raw_alloc(static_cast<size_t>(size), checked_device(d)));
+  });
+  m.def("_npu_cachingAllocator_raw_delete",
+        [](int64_t ptr) { torch_npu::allocator::raw_delete(reinterpret_cast<void*>(ptr)); });
+  m.def("_npu_allocatorConfig", [] { return torch_npu::allocator::config_string(); });
+
+  // streams
+  m.def("_npu_getCurrentStream", [](int64_t d) { return stream_tuple(torch_npu::current_stream(checked_device(d))); });
+  m.def("_npu_getDefaultStream", [](int64_t d) {
+    return py::make_tuple(0, checked_device(d), static_cast<int>(c10::DeviceType::PrivateUse1));
+  });
+  m.def("_npu_setStream", [](int64_t stream_id, int64_t device_index, int64_t device_type) {
+    TORCH_CHECK(device_type == static_cast<int64_t>(c10::DeviceType::PrivateUse1), "Expected a npu stream");
+    torch_npu::set_current_stream(c10::Stream(c10::Stream::UNSAFE,
+                                              c10::Device(c10::DeviceType::PrivateUse1,
+                                                          static_cast<c10::DeviceIndex>(checked_device(device_index))),
+                                              stream_id));
+  });
+
+  // random
+  m.def("_npu_getDefaultGenerators", [] {
+    py::list out;
+    uint32_t n = 0;
+    acl_emu::aclrtGetDeviceCount(&n);
+    for (uint32_t i = 0; i < n; ++i) {
+      const at::Generator& g = torch_npu::default_generator(static_cast<c10::DeviceIndex>(i));
+      out.append(py::reinterpret_steal<py::object>(THPGenerator_initDefaultGenerator(g)));
+    }
+    return out;
+  });
+
+  // emulator facts (torch_npu.emulator)
+  m.def("_emu_config", [] {
+    const auto& c = acl_emu::config();
+    py::dict d;
+    d["physical_device_count"] = c.physical_count;
+    d["device_count"] = static_cast<int>(c.visible.size());
+    d["device_name"] = c.name;
+    d["memory_per_device"] = c.capacity;
+    d["visible_devices"] = c.visible;
+    return d;
+  });
+  m.def("_emu_driver_used_bytes", [](int64_t d) { return acl_emu::driver_used_bytes(checked_device(d)); });
+  m.def("_format_error_code", [](int sub, int code) {
+    return torch_npu::format_error_code(static_cast<torch_npu::SubModule>(sub), static_cast<torch_npu::ErrCode>(code));
+  });
+}

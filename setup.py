@@ -1,0 +1,40 @@
+"""Build torch_npu: the Python package plus the C++ core (torch_npu._C)."""
+import glob
+import os
+
+from setuptools import find_packages, setup
+from torch.utils.cpp_extension import BuildExtension, CppExtension
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+VERSION = "2.13.0+emu"
+
+sources = sorted(glob.glob("csrc/**/*.cpp", recursive=True))
+
+setup(
+    name="torch_npu",
+    version=VERSION,
+    description="Hardware-free torch_npu: the Ascend NPU plugin for PyTorch, with the NPU emulated on the CPU",
+    long_description=open(os.path.join(ROOT, "README.md"), encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    license="BSD-3-Clause",
+    python_requires=">=3.9",
+    packages=find_packages(include=["torch_npu", "torch_npu.*"]),
+    install_requires=["torch==2.13.0", "numpy", "pyyaml"],
+    ext_modules=[
+        CppExtension(
+            name="torch_npu._C",
+            sources=sources,
+            include_dirs=[os.path.join(ROOT, "csrc")],
+            extra_compile_args=["-O2", "-std=c++17", "-fvisibility=hidden", "-Wno-unused-parameter"],
+        )
+    ],
+    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+    entry_points={
+        "torch.backends": ["torch_npu = torch_npu:_autoload"],
+        "console_scripts": [
+            "torch_npu_run = torch_npu.distributed.run:_main",
+            "torch-npu = torch_npu.cli:main",
+        ],
+    },
+    zip_safe=False,
+)

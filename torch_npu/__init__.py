@@ -1,0 +1,68 @@
+"""torch_npu: the Ascend NPU plugin for PyTorch, with the NPU emulated on the CPU.
+
+``import torch_npu`` (or plain ``import torch``, through the
+``torch.backends`` autoload entry point) gives PyTorch an ``npu`` device.
+"""
+import os as _os
+
+_autoload_saved = _os.environ.get("TORCH_DEVICE_BACKEND_AUTOLOAD")
+_os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
+
+import torch  # noqa: E402
+
+from torch_npu.version import __version__  # noqa: E402
+from torch_npu.utils._error_code import ErrCode, pta_error  # noqa: E402
+
+__all__ = []
+
+
+def _check_device_conflict():
+    try:
+        acc = torch._C._get_accelerator().type
+    except Exception:
+        return
+    if acc not in ("cpu", "npu", "privateuseone"):
+        raise RuntimeError(
+            f"Two accelerators cannot be used at the same time in PyTorch: npu and {acc}. You can install the "
+            f"cpu version of PyTorch to use your npu device, or use the {acc} device with "
+            f"'export TORCH_DEVICE_BACKEND_AUTOLOAD=0'." + pta_error(ErrCode.NOT_SUPPORT))
+
+
+_check_device_conflict()
+
+import torch_npu._C  # noqa: E402
+
+# Same registration as the real plugin: PrivateUse1 renamed "npu", torch.npu
+# is torch_npu.npu, generated Tensor/Module/Storage methods.
+if torch._C._get_privateuse1_backend_name() != "npu":
+    torch.utils.rename_privateuse1_backend("npu")
+
+import torch_npu.npu  # noqa: E402
+
+torch._register_device_module("npu", torch_npu.npu)
+unsupported_dtype = [torch.quint8, torch.quint4x2, torch.quint2x4, torch.qint32, torch.qint8]
+torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_storage=True,
+                                                     unsupported_dtype=unsupported_dtype)
+torch_npu._C._initExtension()
+
+try:
+    torch._C._autograd._supported_activities  # noqa: B018
+    from torch.profiler import ProfilerActivity as _PA
+    if not hasattr(_PA, "NPU") and hasattr(_PA, "PrivateUse1"):
+        pass
+except Exception:
+    pass
+
+torch.version.cann = torch_npu.version.cann
+
+from torch_npu import emulator  # noqa: E402,F401
+
+if _autoload_saved is None:
+    _os.environ.pop("TORCH_DEVICE_BACKEND_AUTOLOAD", None)
+else:
+    _os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = _autoload_saved
+
+
+def _autoload():
+    """Entry point of ``[torch.backends]``: importing this module is the work."""
+    return None

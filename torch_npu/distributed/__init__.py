@@ -1,0 +1,2 @@
+"""torch_npu.distributed (the HCCL backend arrives with the distributed layer)."""
+__all__ = []

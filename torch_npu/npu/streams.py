@@ -1,0 +1,121 @@
+"""Streams and events of torch.npu.
+
+The emulated device runs every op to completion before returning, so a
+stream is always idle: ``query()`` is True, ``synchronize()`` returns at once,
+and an event's timestamp is the host time at which it was recorded. Code that
+orders work with streams and events stays correct; elapsed times measure the
+host-side execution, which *is* the device time here.
+"""
+import ctypes
+
+import torch
+
+import torch_npu
+
+__all__ = ["Stream", "Event", "ExternalStream", "SyncLaunchStream", "ExternalEvent"]
+
+
+class Stream(torch.Stream):
+    r"""Wrapper around an NPU stream.
+
+    Args:
+        device (torch.device or int, optional): device on which to allocate the stream.
+        priority (int, optional): priority of the stream (lower is higher priority).
+    """
+
+    def __new__(cls, device=None, priority=0, **kwargs):
+        if kwargs.get("stream_id") is not None:
+            return super().__new__(cls, stream_id=kwargs["stream_id"], device_index=kwargs["device_index"],
+                                   device_type=kwargs["device_type"])
+        torch_npu.npu._lazy_init()
+        from .utils import _get_device_index
+        idx = _get_device_index(device, optional=True)
+        with torch_npu.npu.device(idx):
+            return super().__new__(cls, device=torch.device("npu", idx), priority=priority)
+
+    def wait_event(self, event):
+        event.wait(self)
+
+    def wait_stream(self, stream):
+        self.wait_event(stream.record_event())
+
+    def record_event(self, event=None):
+        if event is None:
+            event = Event()
+        event.record(self)
+        return event
+
+    def query(self):
+        return True
+
+    def synchronize(self):
+        return None
+
+    @property
+    def _as_parameter_(self):
+        return ctypes.c_void_p(self.stream_id)
+
+    def __eq__(self, o):
+        if isinstance(o, torch.Stream):
+            return super().__eq__(o)
+        return False
+
+    def __hash__(self):
+        return hash((self.stream_id, self.device))
+
+    def __repr__(self):
+        return f"<torch_npu.npu.Stream device={self.device} npu_stream={self.stream_id:#x}>"
+
+
+class SyncLaunchStream(Stream):
+    r"""A stream whose launches are synchronous (every stream is, here)."""
+
+
+class ExternalStream(Stream):
+    r"""Wrap an externally created stream id (kept for API compatibility)."""
+
+    def __new__(cls, stream_ptr, device=None, **kwargs):
+        from .utils import _get_device_index
+        idx = _get_device_index(device, optional=True)
+        return super().__new__(cls, stream_id=int(stream_ptr), device_index=idx,
+                               device_type=torch._C._autograd.DeviceType.PrivateUse1.value
+                               if hasattr(torch._C._autograd, "DeviceType") else 20)
+
+
+class Event(torch.Event):
+    r"""Wrapper around an NPU event.
+
+    Args:
+        enable_timing (bool): whether the event should measure time.
+        blocking (bool), interprocess (bool): accepted for compatibility.
+    """
+
+    def __new__(cls, enable_timing=False, blocking=False, interprocess=False, **kwargs):
+        return super().__new__(cls, device="npu", enable_timing=enable_timing, blocking=blocking,
+                               interprocess=interprocess)
+
+    def record(self, stream=None):
+        if stream is None:
+            stream = torch_npu.npu.current_stream()
+        super().record(stream)
+
+    def wait(self, stream=None):
+        if stream is None:
+            stream = torch_npu.npu.current_stream()
+        super().wait(stream)
+
+    def query(self):
+        return super().query()
+
+    def elapsed_time(self, end_event):
+        return super().elapsed_time(end_event)
+
+    def synchronize(self):
+        super().synchronize()
+
+    def __repr__(self):
+        return "<torch_npu.npu.Event>"
+
+
+class ExternalEvent(Event):
+    r"""Event usable across graph capture boundaries (plain event here)."""

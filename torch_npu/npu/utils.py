@@ -1,0 +1,233 @@
+"""Device selection, properties and stream contexts of torch.npu."""
+import warnings
+from typing import Any, Optional, Union
+
+import torch
+
+import torch_npu
+from torch_npu.utils._error_code import ErrCode, pta_error
+
+__all__ = [
+    "set_device", "current_device", "device", "device_of", "synchronize", "get_device_name",
+    "get_device_properties", "get_device_capability", "mem_get_info", "can_device_access_peer",
+    "utilization", "set_sync_debug_mode", "get_sync_debug_mode", "current_blas_handle", "is_bf16_supported",
+    "ipc_collect", "StreamContext", "stream", "set_stream", "current_stream", "default_stream",
+]
+
+
+def _get_device_index(device: Any, optional: bool = False, allow_cpu: bool = False) -> int:
+    r"""Get the device index from :attr:`device` (torch.device, str, int or None)."""
+    if isinstance(device, str):
+        device = torch.device(device)
+    if isinstance(device, torch.device):
+        if allow_cpu:
+            if device.type not in ["npu", "cpu"]:
+                raise ValueError(f"Expected a npu or cpu device, but got: {device}" + pta_error(ErrCode.VALUE))
+        elif device.type != "npu":
+            raise ValueError(f"Expected a npu device, but got: {device}" + pta_error(ErrCode.VALUE))
+        device_idx = -1 if device.type == "cpu" else device.index
+    elif isinstance(device, int):
+        device_idx = device
+    elif device is None:
+        device_idx = None
+    else:
+        raise ValueError(f"Expected a npu device, but got: {device}" + pta_error(ErrCode.VALUE))
+    if device_idx is None:
+        if optional:
+            return current_device()
+        raise ValueError(f"Expected a npu device with a specified index or an integer, but got:{device}"
+                         + pta_error(ErrCode.VALUE))
+    return device_idx
+
+
+def set_device(device):
+    r"""Set the current device (negative indices are a no-op, as in torch.cuda)."""
+    device_id = _get_device_index(device, optional=True)
+    if device_id >= 0:
+        torch_npu.npu._lazy_init()
+        torch_npu._C._npu_setDevice(device_id)
+
+
+def current_device() -> int:
+    r"""Return the index of the currently selected device."""
+    torch_npu.npu._lazy_init()
+    return torch_npu._C._npu_getDevice()
+
+
+class device:
+    r"""Context manager that changes the selected device."""
+
+    def __init__(self, device):
+        self.idx = _get_device_index(device, optional=True)
+        self.prev_idx = -1
+
+    def __enter__(self):
+        if self.idx == -1:
+            return
+        self.prev_idx = current_device()
+        if self.prev_idx != self.idx:
+            set_device(self.idx)
+
+    def __exit__(self, *args):
+        if self.prev_idx != self.idx and self.prev_idx >= 0:
+            set_device(self.prev_idx)
+        return False
+
+
+class device_of(device):
+    r"""Context manager that changes the current device to that of given object."""
+
+    def __init__(self, obj):
+        idx = obj.get_device() if obj.device.type == "npu" else -1
+        super().__init__(idx)
+
+
+def synchronize(device=None):
+    r"""Wait for all kernels in all streams on an NPU device to complete.
+
+    The emulated device executes each op before returning, so there is never
+    outstanding work; this validates the device and returns."""
+    torch_npu.npu._lazy_init()
+    with torch_npu.npu.device(device):
+        return torch_npu._C._npu_synchronize()
+
+
+def _checked_index(device) -> int:
+    device_id = _get_device_index(device, optional=True)
+    if device_id < 0 or device_id >= torch_npu.npu.device_count():
+        raise AssertionError("Invalid device id" + pta_error(ErrCode.VALUE))
+    return device_id
+
+
+def get_device_properties(device_name=None):
+    device_id = _checked_index(device_name)
+    torch_npu.npu._lazy_init()
+    return torch_npu._C._npu_getDeviceProperties(device_id)
+
+
+def get_device_name(device_name=None):
+    return get_device_properties(device_name).name
+
+
+def get_device_capability(device=None):
+    r"""torch_npu returns None (with a warning) unless TORCH_NPU_DEVICE_CAPABILITY="M.m"."""
+    import os
+    cap = os.getenv("TORCH_NPU_DEVICE_CAPABILITY")
+    if cap:
+        try:
+            major, minor = cap.split(".")
+            return int(major), int(minor)
+        except ValueError:
+            pass
+    warnings.warn("torch.npu.get_device_capability isn't implemented!")
+    return None
+
+
+def mem_get_info(device=None):
+    r"""Return (free, total) device memory in bytes as the driver sees it."""
+    device_id = _checked_index(device)
+    torch_npu.npu._lazy_init()
+    return torch_npu._C._npu_getMemInfo(device_id)
+
+
+def can_device_access_peer(device_id, peer_device_id):
+    device_id = _get_device_index(device_id, optional=True)
+    peer_device_id = _get_device_index(peer_device_id, optional=True)
+    count = torch_npu.npu.device_count()
+    if device_id < 0 or device_id >= count:
+        raise AssertionError("Invalid device id" + pta_error(ErrCode.VALUE))
+    if peer_device_id < 0 or peer_device_id >= count:
+        raise AssertionError("Invalid peer device id" + pta_error(ErrCode.VALUE))
+    return torch_npu._C._npu_canDeviceAccessPeer(device_id, peer_device_id)
+
+
+def utilization(device=None):
+    r"""Percent of time the device was busy; the emulated device reports 0."""
+    _checked_index(device)
+    return 0
+
+
+_sync_debug_mode = 0
+
+
+def set_sync_debug_mode(debug_mode: Union[int, str]) -> None:
+    global _sync_debug_mode
+    if isinstance(debug_mode, str):
+        modes = {"default": 0, "warn": 1, "error": 2}
+        if debug_mode not in modes:
+            raise RuntimeError("invalid value of debug_mode, expected one of `default`, `warn`, `error`"
+                               + pta_error(ErrCode.VALUE))
+        debug_mode = modes[debug_mode]
+    _sync_debug_mode = int(debug_mode)
+
+
+def get_sync_debug_mode() -> int:
+    return _sync_debug_mode
+
+
+def current_blas_handle():
+    warnings.warn("NPU does not use blas handle.")
+    return None
+
+
+def is_bf16_supported(including_emulation: bool = False) -> bool:
+    return True
+
+
+def ipc_collect():
+    r"""Nothing to collect: the emulator never shares device memory across processes."""
+    torch_npu.npu._lazy_init()
+
+
+class StreamContext:
+    r"""Context manager that selects a given stream (no-op for None)."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self.idx = _get_device_index(None, True) if stream is not None else -1
+        self.src_prev_stream = None
+        self.dst_prev_stream = None
+
+    def __enter__(self):
+        cur = self.stream
+        if cur is None or self.idx == -1:
+            return
+        self.src_prev_stream = current_stream(None)
+        if self.src_prev_stream.device != cur.device:
+            with device(cur.device):
+                self.dst_prev_stream = current_stream(cur.device)
+        set_stream(cur)
+
+    def __exit__(self, *args):
+        cur = self.stream
+        if cur is None or self.idx == -1:
+            return
+        if self.src_prev_stream.device != cur.device:
+            set_stream(self.dst_prev_stream)
+        set_stream(self.src_prev_stream)
+
+
+def stream(stream):
+    return StreamContext(stream)
+
+
+def set_stream(stream):
+    if stream is None:
+        return
+    torch_npu._C._npu_setStream(stream.stream_id, stream.device_index, stream.device_type)
+
+
+def _stream_from_tuple(t):
+    from .streams import Stream
+    stream_id, device_index, device_type = t
+    return Stream(stream_id=stream_id, device_index=device_index, device_type=device_type)
+
+
+def current_stream(device=None):
+    torch_npu.npu._lazy_init()
+    return _stream_from_tuple(torch_npu._C._npu_getCurrentStream(_get_device_index(device, optional=True)))
+
+
+def default_stream(device=None):
+    torch_npu.npu._lazy_init()
+    return _stream_from_tuple(torch_npu._C._npu_getDefaultStream(_get_device_index(device, optional=True)))
