@@ -7,10 +7,12 @@ orders work with streams and events stays correct; elapsed times measure the
 host-side execution, which *is* the device time here.
 """
 import ctypes
+import time
 
 import torch
 
 import torch_npu
+from torch_npu.utils._error_code import ErrCode, pta_error
 
 __all__ = ["Stream", "Event", "ExternalStream", "SyncLaunchStream", "ExternalEvent"]
 
@@ -91,13 +93,19 @@ class Event(torch.Event):
     """
 
     def __new__(cls, enable_timing=False, blocking=False, interprocess=False, **kwargs):
-        return super().__new__(cls, device="npu", enable_timing=enable_timing, blocking=blocking,
-                               interprocess=interprocess)
+        ev = super().__new__(cls, device="npu", enable_timing=enable_timing, blocking=blocking,
+                             interprocess=interprocess)
+        ev._enable_timing = enable_timing
+        ev._recorded_at = None
+        return ev
 
     def record(self, stream=None):
         if stream is None:
             stream = torch_npu.npu.current_stream()
         super().record(stream)
+        # Work before the record has already run (synchronous device), so the
+        # host clock at record time is the event's device timestamp.
+        self._recorded_at = time.perf_counter()
 
     def wait(self, stream=None):
         if stream is None:
@@ -108,7 +116,14 @@ class Event(torch.Event):
         return super().query()
 
     def elapsed_time(self, end_event):
-        return super().elapsed_time(end_event)
+        r"""Milliseconds between this event and ``end_event`` being recorded."""
+        if not (self._enable_timing and getattr(end_event, "_enable_timing", False)):
+            raise RuntimeError("Both events must be created with argument 'enable_timing=True'."
+                               + pta_error(ErrCode.PARAM))
+        if self._recorded_at is None or getattr(end_event, "_recorded_at", None) is None:
+            raise RuntimeError("Both events must be recorded before calculating elapsed time."
+                               + pta_error(ErrCode.PARAM))
+        return (end_event._recorded_at - self._recorded_at) * 1000.0
 
     def synchronize(self):
         super().synchronize()

@@ -1,0 +1,160 @@
+"""Shared timing helpers for the torch_npu benchmark suite.
+
+Everything here is device-agnostic: a "variant" is a zero-argument callable
+that performs ONE unit of work (one op call, one training step); the helpers
+time CPU and NPU variants *interleaved* in the same process so slow drifts of
+a noisy machine (frequency scaling, neighbours, page cache) hit both sides
+equally, and report medians.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import statistics
+import time
+from dataclasses import dataclass, field, asdict
+from typing import Callable, Dict, List, Optional, Sequence
+
+_ns = time.perf_counter_ns
+
+
+def _noop() -> None:
+    return None
+
+
+@dataclass
+class Variant:
+    """One side of a comparison (e.g. "cpu" or "npu")."""
+
+    name: str
+    fn: Callable[[], object]
+    # Called once at the end of every timed rep (inside the timed region),
+    # e.g. torch.npu.synchronize.  The CPU side uses a no-op.
+    sync: Callable[[], object] = _noop
+    # Called before every timed rep, OUTSIDE the timed region (e.g. to reset
+    # a tensor that an in-place op keeps modifying).
+    setup: Optional[Callable[[], object]] = None
+
+
+@dataclass
+class Samples:
+    """Per-call times (ns) of each timed rep, one list per variant."""
+
+    inner: int
+    reps: int
+    per_call_ns: Dict[str, List[float]] = field(default_factory=dict)
+
+    def median_us(self, name: str) -> float:
+        return statistics.median(self.per_call_ns[name]) / 1e3
+
+    def min_us(self, name: str) -> float:
+        return min(self.per_call_ns[name]) / 1e3
+
+    def iqr_rel(self, name: str) -> float:
+        """Inter-quartile range relative to the median (noise indicator)."""
+        xs = sorted(self.per_call_ns[name])
+        if len(xs) < 4:
+            return float("nan")
+        q = statistics.quantiles(xs, n=4)
+        med = statistics.median(xs)
+        return (q[2] - q[0]) / med if med else float("nan")
+
+    def paired_diff_us(self, a: str, b: str) -> float:
+        """median over reps of (b_i - a_i); reps i are adjacent in time."""
+        return statistics.median(
+            y - x for x, y in zip(self.per_call_ns[a], self.per_call_ns[b])
+        ) / 1e3
+
+    def paired_ratio(self, a: str, b: str) -> float:
+        """median over reps of (b_i / a_i)."""
+        return statistics.median(
+            y / x for x, y in zip(self.per_call_ns[a], self.per_call_ns[b])
+        )
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _run_rep(v: Variant, inner: int) -> int:
+    """Time one rep of `inner` calls; returns elapsed ns (whole rep)."""
+    fn = v.fn
+    if v.setup is not None:
+        v.setup()
+    if inner == 1:
+        t0 = _ns()
+        fn()
+        v.sync()
+        return _ns() - t0
+    rng = range(inner)
+    t0 = _ns()
+    for _ in rng:
+        fn()
+    v.sync()
+    return _ns() - t0
+
+
+def calibrate_inner(
+    variants: Sequence[Variant],
+    target_rep_s: float,
+    max_inner: int = 2000,
+    min_inner: int = 1,
+) -> int:
+    """Pick calls-per-rep so that one rep of the slowest variant takes about
+    `target_rep_s` seconds (clamped to [min_inner, max_inner])."""
+    worst = 0.0
+    for v in variants:
+        n = 1
+        while True:
+            el = _run_rep(v, n) / 1e9
+            if el > 0.002 or n >= max_inner:
+                break
+            n *= 4
+        worst = max(worst, el / n)
+    if worst <= 0:
+        return max_inner
+    return int(max(min_inner, min(max_inner, math.ceil(target_rep_s / worst))))
+
+
+def time_interleaved(
+    variants: Sequence[Variant],
+    reps: int,
+    inner: int = 1,
+    warmup: int = 3,
+    max_seconds: Optional[float] = None,
+    min_reps: int = 5,
+) -> Samples:
+    """Warm up every variant, then time `reps` reps of `inner` calls of each
+    variant, interleaved.  The order alternates each rep (A B, B A, A B, ...)
+    so neither side systematically runs "first" (cache / turbo effects).
+
+    If `max_seconds` is given, stop early (after at least `min_reps` reps) once
+    that wall time has been spent, so the suite's total time stays bounded on
+    a slower machine.
+
+    GC is collected before and disabled during timing.
+    """
+    for _ in range(warmup):
+        for v in variants:
+            _run_rep(v, inner)
+    out = Samples(inner=inner, reps=0, per_call_ns={v.name: [] for v in variants})
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    t_start = time.perf_counter()
+    try:
+        for r in range(reps):
+            order = variants if r % 2 == 0 else list(reversed(variants))
+            for v in order:
+                out.per_call_ns[v.name].append(_run_rep(v, inner) / inner)
+            out.reps = r + 1
+            if (
+                max_seconds is not None
+                and out.reps >= min_reps
+                and time.perf_counter() - t_start > max_seconds
+            ):
+                break
+    finally:
+        if was_enabled:
+            gc.enable()
+    return out
