@@ -1,0 +1,242 @@
+#!/usr/bin/env python
+"""torch_npu (emulated) overhead benchmark.
+
+    .venv/bin/python bench/run.py            # full run (~5 min on 2 cores)
+    .venv/bin/python bench/run.py --quick    # ~1 min
+    .venv/bin/python bench/run.py --json out.json --threads 2
+
+CPU and NPU variants of every workload run in the same process, interleaved,
+from identical weights/inputs; numbers are medians over many reps.  See
+bench/README.md for what each column means.  Always exits 0 on a target miss
+(this is a report, not a test); exits non-zero only if the harness itself
+crashes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+import time
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import torch  # noqa: E402
+import torch_npu  # noqa: E402,F401
+
+import _timing as T  # noqa: E402
+import workloads as W  # noqa: E402
+
+SMALL_OP_TARGET_US = 1.5
+
+# (micro reps, micro target rep seconds, micro time cap s,
+#  step reps, step target rep seconds, step time cap s, step warmup)
+PROFILES = {
+    "full":  dict(micro_reps=500, micro_rep_s=0.005, micro_cap_s=15.0,
+                  step_reps=60, step_rep_s=0.1, step_cap_s=80.0, step_warmup=3),
+    "quick": dict(micro_reps=150, micro_rep_s=0.004, micro_cap_s=4.0,
+                  step_reps=15, step_rep_s=0.05, step_cap_s=12.0, step_warmup=1),
+}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="short run (~1 min)")
+    p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads value (default 2)")
+    p.add_argument("--json", metavar="PATH", help="also write results as JSON to PATH")
+    p.add_argument("--only", default="micro,mlp,gpt,conv",
+                   help="comma list of sections: micro,mlp,gpt,conv (default all)")
+    p.add_argument("--foreach", choices=["default", "on", "off"], default="default",
+                   help="optimizer foreach= for BOTH devices; 'default' lets torch pick per "
+                        "device (NB: torch picks foreach=True for npu, False for cpu)")
+    p.add_argument("--step-reps", type=int, help="override reps for training steps")
+    p.add_argument("--micro-reps", type=int, help="override reps for micro ops")
+    p.add_argument("--raw", action="store_true", help="store raw per-rep samples in the JSON")
+    return p.parse_args(argv)
+
+
+def fmt(x, nd=2):
+    if x is None:
+        return "-"
+    if isinstance(x, float) and (x != x):
+        return "nan"
+    return f"{x:.{nd}f}"
+
+
+def header(args, prof_name):
+    lines = [
+        "# torch_npu (emulated) overhead benchmark",
+        "",
+        f"- date: {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}",
+        f"- torch: {torch.__version__}  |  torch_npu: {getattr(torch_npu, '__version__', '?')}",
+        f"- threads: torch.get_num_threads()={torch.get_num_threads()} (requested {args.threads}),"
+        f" interop={torch.get_num_interop_threads()}, os.cpu_count()={os.cpu_count()}",
+        f"- python: {platform.python_version()}  |  host: {platform.machine()} {platform.system()}"
+        f"  |  profile: {prof_name}  |  optimizer foreach: {args.foreach}",
+        f"- npu device: {torch.npu.get_device_name(0) if torch.npu.is_available() else 'n/a'}",
+    ]
+    return "\n".join(lines)
+
+
+def run_micro(prof, args, results):
+    print("\n## 1. Per-op added cost (µs per call)\n", flush=True)
+    print("Each rep = N back-to-back calls (N calibrated, ≤2000), then `torch.npu.synchronize()` on the npu side; "
+          "per-call time = rep time / N. CPU and npu reps interleaved.\n")
+    rows = []
+    reps = args.micro_reps or prof["micro_reps"]
+    for op in W.micro_ops():
+        rec = {"name": op.name, "small": op.small}
+        try:
+            variants = [
+                T.Variant("cpu", op.fns["cpu"], setup=op.setups.get("cpu")),
+                T.Variant("npu", op.fns["npu"], sync=W.npu_sync, setup=op.setups.get("npu")),
+            ]
+            inner = T.calibrate_inner(variants, prof["micro_rep_s"], max_inner=2000)
+            s = T.time_interleaved(variants, reps=reps, inner=inner, warmup=3,
+                                   max_seconds=prof["micro_cap_s"], min_reps=20)
+            cpu_us, npu_us = s.median_us("cpu"), s.median_us("npu")
+            rec.update(cpu_us=cpu_us, npu_us=npu_us, added_us=npu_us - cpu_us,
+                       paired_added_us=s.paired_diff_us("cpu", "npu"),
+                       cpu_min_us=s.min_us("cpu"), npu_min_us=s.min_us("npu"),
+                       cpu_iqr_rel=s.iqr_rel("cpu"), npu_iqr_rel=s.iqr_rel("npu"),
+                       ratio=npu_us / cpu_us, inner=s.inner, reps=s.reps)
+            if op.small:
+                rec["target_us"] = SMALL_OP_TARGET_US
+                rec["status"] = "PASS" if rec["added_us"] <= SMALL_OP_TARGET_US else "FAIL"
+            if args.raw:
+                rec["samples_ns"] = s.per_call_ns
+        except Exception as e:  # report, don't die
+            rec["error"] = f"{type(e).__name__}: {e}"
+            rec["traceback"] = traceback.format_exc()
+        rows.append(rec)
+        results["micro"].append(rec)
+
+    print("| op | CPU µs | npu µs | added µs (median npu − median cpu) | paired Δ µs | npu/cpu | "
+          "target | status | N×reps |")
+    print("|---|---:|---:|---:|---:|---:|---:|:---:|---:|")
+    for r in rows:
+        if "error" in r:
+            print(f"| {r['name']} | - | - | ERROR: `{r['error']}` | | | | ERROR | |")
+            continue
+        tgt = f"≤ {SMALL_OP_TARGET_US}" if r["small"] else "-"
+        print(f"| {r['name']} | {fmt(r['cpu_us'], 3)} | {fmt(r['npu_us'], 3)} | "
+              f"**{fmt(r['added_us'], 3)}** | {fmt(r['paired_added_us'], 3)} | {fmt(r['ratio'], 3)} | "
+              f"{tgt} | {r.get('status', '-')} | {r['inner']}×{r['reps']} |")
+    sys.stdout.flush()
+
+
+def run_steps(prof, args, results, sections):
+    print("\n## 2. Training-step ratio (npu / native CPU)\n", flush=True)
+    print("Each rep = N full train steps (zero_grad, forward, loss, backward, optimizer.step) + sync. "
+          "Models built once on CPU, deep-copied to npu. Ratio = median(npu) / median(cpu).\n")
+    foreach = {"default": None, "on": True, "off": False}[args.foreach]
+    reps = args.step_reps or prof["step_reps"]
+    rows = []
+    for key in ("mlp", "gpt", "conv"):
+        if key not in sections:
+            continue
+        rec = {"key": key}
+        t0 = time.perf_counter()
+        try:
+            ts = W.TRAIN_STEPS[key](foreach=foreach)
+            rec["name"] = ts.name
+            rec["description"] = ts.description
+            rec["target_ratio"] = ts.target_ratio
+            rec["equivalence"] = W.check_equivalence(ts, n_steps=2)   # also warm-up
+            rec["optimizer_path"] = W.optimizer_path(ts)
+            variants = [T.Variant("cpu", ts.steps["cpu"]),
+                        T.Variant("npu", ts.steps["npu"], sync=W.npu_sync)]
+            inner = T.calibrate_inner(variants, prof["step_rep_s"], max_inner=50)
+            s = T.time_interleaved(variants, reps=reps, inner=inner,
+                                   warmup=prof["step_warmup"],
+                                   max_seconds=prof["step_cap_s"], min_reps=5)
+            cpu_ms, npu_ms = s.median_us("cpu") / 1e3, s.median_us("npu") / 1e3
+            rec.update(cpu_ms=cpu_ms, npu_ms=npu_ms, ratio=npu_ms / cpu_ms,
+                       paired_ratio=s.paired_ratio("cpu", "npu"),
+                       cpu_min_ms=s.min_us("cpu") / 1e3, npu_min_ms=s.min_us("npu") / 1e3,
+                       min_ratio=s.min_us("npu") / s.min_us("cpu"),
+                       cpu_iqr_rel=s.iqr_rel("cpu"), npu_iqr_rel=s.iqr_rel("npu"),
+                       inner=s.inner, reps=s.reps)
+            if ts.target_ratio is not None:
+                rec["status"] = "PASS" if rec["ratio"] <= ts.target_ratio else "FAIL"
+            if args.raw:
+                rec["samples_ns"] = s.per_call_ns
+        except Exception as e:
+            rec.setdefault("name", key)
+            rec["error"] = f"{type(e).__name__}: {e}"
+            rec["traceback"] = traceback.format_exc()
+        rec["wall_s"] = time.perf_counter() - t0
+        rows.append(rec)
+        results["steps"].append(rec)
+        print(f"<!-- {key} done in {rec['wall_s']:.1f}s -->", flush=True)
+
+    print()
+    print("| workload | CPU ms/step | npu ms/step | **ratio** | paired ratio | min ratio | "
+          "IQR cpu / npu | target | status | N×reps | max |Δloss| |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|:---:|---:|---:|")
+    for r in rows:
+        if "error" in r:
+            print(f"| {r['name']} | - | - | ERROR: `{r['error']}` | | | | | ERROR | | |")
+            continue
+        tgt = f"≤ {r['target_ratio']}" if r["target_ratio"] is not None else "-"
+        eq = r["equivalence"]["max_loss_abs_diff"]
+        print(f"| {r['name']} | {fmt(r['cpu_ms'])} | {fmt(r['npu_ms'])} | **{fmt(r['ratio'], 3)}** | "
+              f"{fmt(r['paired_ratio'], 3)} | {fmt(r['min_ratio'], 3)} | "
+              f"{fmt(100 * r['cpu_iqr_rel'], 1)}% / {fmt(100 * r['npu_iqr_rel'], 1)}% | {tgt} | "
+              f"{r.get('status', '-')} | {r['inner']}×{r['reps']} | {eq:.2g} |")
+    for r in rows:
+        if "error" in r:
+            print(f"\n<details><summary>{r['name']} traceback</summary>\n\n```\n{r['traceback']}```\n</details>")
+    sys.stdout.flush()
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    prof_name = "quick" if args.quick else "full"
+    prof = PROFILES[prof_name]
+    torch.set_num_threads(args.threads)
+    sections = {s.strip() for s in args.only.split(",") if s.strip()}
+    t0 = time.perf_counter()
+
+    hdr = header(args, prof_name)
+    print(hdr, flush=True)
+    results = {
+        "meta": {
+            "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+            "torch": torch.__version__,
+            "torch_npu": getattr(torch_npu, "__version__", None),
+            "threads": torch.get_num_threads(),
+            "interop_threads": torch.get_num_interop_threads(),
+            "cpu_count": os.cpu_count(),
+            "python": platform.python_version(),
+            "profile": prof_name,
+            "foreach": args.foreach,
+            "argv": sys.argv[1:],
+        },
+        "micro": [],
+        "steps": [],
+    }
+    if "micro" in sections:
+        run_micro(prof, args, results)
+    if sections & {"mlp", "gpt", "conv"}:
+        run_steps(prof, args, results, sections)
+
+    total = time.perf_counter() - t0
+    results["meta"]["total_wall_s"] = total
+    print(f"\n_total bench wall time: {total:.1f} s_")
+    if args.json:
+        d = os.path.dirname(os.path.abspath(args.json))
+        os.makedirs(d, exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2, default=str)
+        print(f"_results written to {args.json}_")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
