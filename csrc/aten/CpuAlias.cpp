@@ -56,21 +56,27 @@ void install_cpu_allocator() {
   c10::SetCPUAllocator(&g_redirect, /*priority=*/100);
 }
 
-at::Tensor cpu_alias(const at::Tensor& t) {
-  const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
-  const c10::Storage& st = impl->unsafe_storage();
+c10::Storage alias_storage(const c10::Storage& st) {
   void* data = const_cast<void*>(st.data());
-  auto storage = c10::make_intrusive<c10::StorageImpl>(
+  return c10::Storage(c10::make_intrusive<c10::StorageImpl>(
       c10::StorageImpl::use_byte_size_t(), st.sym_nbytes(),
       c10::DataPtr(data, nullptr, &noop_delete, c10::Device(c10::DeviceType::CPU)), &g_redirect,
-      /*resizable=*/true);
-  auto alias = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(std::move(storage)),
+      /*resizable=*/true));
+}
+
+at::Tensor cpu_alias(const at::Tensor& t, c10::Storage storage) {
+  const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  auto alias = at::detail::make_tensor<c10::TensorImpl>(std::move(storage),
                                                          c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
   c10::TensorImpl* a = alias.unsafeGetTensorImpl();
   a->set_sizes_and_strides(impl->sizes(), impl->strides(), impl->storage_offset());
   if (impl->is_conj()) a->_set_conj(true);
   if (impl->is_neg()) a->_set_neg(true);
   return alias;
+}
+
+at::Tensor cpu_alias(const at::Tensor& t) {
+  return cpu_alias(t, alias_storage(t.unsafeGetTensorImpl()->unsafe_storage()));
 }
 
 c10::Storage adopt_storage(c10::StorageImpl* s, int device) {

@@ -31,6 +31,11 @@ struct StorageEntry {
   c10::Storage npu;
 };
 
+struct AliasStorage {
+  c10::StorageImpl* npu;
+  c10::Storage alias;
+};
+
 // Ops whose CUDA kernels accept CPU index tensors next to device tensors.
 bool accepts_cpu_indices(const c10::OperatorName& name) {
   const std::string& n = name.name;
@@ -51,16 +56,24 @@ std::string device_str(const at::Device& d) {
 
 struct DeviceTracker {
   const c10::OperatorHandle& op;
-  bool allow_cpu;
+  bool index_op;
   int npu_device = -1;
+  bool cpu_self = false;
   std::optional<at::Device> common;
 
   void see(const at::Tensor& t, const c10::Argument& arg) {
     at::Device d = t.device();
     if (d.type() == c10::DeviceType::PrivateUse1) {
       if (npu_device < 0) npu_device = d.index();
-    } else if (d.is_cpu() && (t.dim() == 0 || allow_cpu)) {
-      return;  // CPU scalars (and CPU index tensors) are fine, as on CUDA
+      TORCH_CHECK_INDEX(!(index_op && cpu_self),
+                        "indices should be either on cpu or on the same device as the indexed tensor (cpu)");
+    } else if (d.is_cpu() && t.dim() == 0) {
+      return;  // CPU scalars are fine, as on CUDA
+    } else if (d.is_cpu() && index_op) {
+      // CPU index tensors (and values) are fine next to an npu tensor, as
+      // on CUDA; a CPU tensor being indexed is not.
+      if (arg.name() == "self") cpu_self = true;
+      return;
     }
     if (!common) {
       common = d;
@@ -93,6 +106,19 @@ bool is_generator_arg(const c10::Argument& arg) {
 void set_kernel_observer(KernelObserver* observer) { g_observer.store(observer); }
 KernelObserver* kernel_observer() { return g_observer.load(std::memory_order_relaxed); }
 
+KernelScope::KernelScope(const c10::OperatorHandle& op, int device)
+    : memory_(device), op_(op), device_(device), observer_(kernel_observer()) {
+  if (observer_) observer_->on_kernel_begin(op_, device_);
+}
+
+KernelScope::~KernelScope() {
+  if (observer_) observer_->on_kernel_end(op_, device_);
+}
+
+c10::OperatorHandle find_op(const char* name, const char* overload) {
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name, overload);
+}
+
 void npu_cpu_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
   const auto& schema = op.schema();
   const auto& args = schema.arguments();
@@ -100,6 +126,7 @@ void npu_cpu_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::j
   const size_t base = stack->size() - nargs;
 
   c10::SmallVector<AliasEntry, 8> aliases;
+  c10::SmallVector<AliasStorage, 8> alias_storages;
   DeviceTracker tracker{op, accepts_cpu_indices(op.operator_name())};
   int gen_arg = -1;
   int64_t first_numel = -1;
@@ -108,7 +135,16 @@ void npu_cpu_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::j
     tracker.see(t, arg);
     if (t.device().type() != c10::DeviceType::PrivateUse1) return t;
     if (first_numel < 0) first_numel = t.numel();
-    at::Tensor a = cpu_alias(t);
+    c10::StorageImpl* npu_storage = t.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
+    c10::Storage shared;
+    for (auto& as : alias_storages) {
+      if (as.npu == npu_storage) shared = as.alias;
+    }
+    if (!shared) {
+      shared = alias_storage(t.unsafeGetTensorImpl()->unsafe_storage());
+      alias_storages.push_back({npu_storage, shared});
+    }
+    at::Tensor a = cpu_alias(t, std::move(shared));
     bool written = arg.alias_info() != nullptr && arg.alias_info()->isWrite();
     aliases.push_back({t, a, written});
     return a;
@@ -155,22 +191,19 @@ void npu_cpu_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::j
   if (gen_arg >= 0) {
     c10::IValue& iv = (*stack)[base + gen_arg];
     at::Generator gen = iv.isGenerator() ? iv.toGenerator() : default_generator(static_cast<c10::DeviceIndex>(device));
-    if (gen.device().type() == c10::DeviceType::PrivateUse1) {
-      iv = gen.get<NPUGeneratorImpl>()->engine_for_op(first_numel);
-    }
+    TORCH_CHECK(gen.device().type() == c10::DeviceType::PrivateUse1,
+                "Expected a 'npu' device type for generator but found '", gen.device().type(), "'");
+    iv = gen.get<NPUGeneratorImpl>()->engine_for_op(first_numel);
   }
 
   {
-    DeviceMemoryScope scope(device);
-    KernelObserver* obs = kernel_observer();
-    if (obs) obs->on_kernel_begin(op, device);
+    KernelScope scope(op, device);
     try {
       op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
     } catch (const c10::NotImplementedError&) {
       if (!op.hasKernelForDispatchKey(c10::DispatchKey::CPU)) unsupported(op);
       throw;
     }
-    if (obs) obs->on_kernel_end(op, device);
   }
 
   // Write back metadata changes (resize, set_) of mutated arguments.
@@ -235,9 +268,9 @@ void npu_cpu_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::j
 
 int register_explicit_cpu_kernels() {
   static torch::Library* lib = nullptr;
-  if (lib != nullptr) return 0;
+  static int count = 0;
+  if (lib != nullptr) return count;
   lib = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
-  int count = 0;
   auto& dispatcher = c10::Dispatcher::singleton();
   for (const auto& name : dispatcher.getAllOpNames()) {
     auto op = dispatcher.findOp(name);

@@ -61,11 +61,17 @@ at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool /*non_blocking*/
   // The emulated device executes synchronously, so non_blocking copies are
   // complete on return, exactly like a blocking copy.
   at::Tensor dst = is_npu(self) ? cpu_alias(self) : self;
-  at::Tensor from = is_npu(src) ? cpu_alias(src) : src;
+  at::Tensor from;
+  if (is_npu(src) && is_npu(self) && src.storage().is_alias_of(self.storage())) {
+    // Same memory: share the alias storage so the CPU overlap check applies.
+    from = cpu_alias(src, dst.storage());
+  } else {
+    from = is_npu(src) ? cpu_alias(src) : src;
+  }
   TORCH_CHECK(dst.is_cpu() && from.is_cpu(), "copy_ between ", self.device(), " and ", src.device(),
               " is not supported on the NPU backend.", OPS_ERROR(ErrCode::NOT_SUPPORT));
   int d = is_npu(self) ? self.device().index() : src.device().index();
-  exec::DeviceMemoryScope scope(d);
+  NPU_KERNEL_SCOPE("aten::copy_", "", d);
   dst.copy_(from);
   return self;
 }
@@ -160,7 +166,10 @@ bool is_set_to(const at::Tensor& self, const at::Tensor& other) {
          self.strides().equals(other.strides());
 }
 
-at::Scalar local_scalar_dense(const at::Tensor& self) { return at::_local_scalar_dense(cpu_alias(self)); }
+at::Scalar local_scalar_dense(const at::Tensor& self) {
+  NPU_KERNEL_SCOPE("aten::_local_scalar_dense", "", self.device().index());
+  return at::_local_scalar_dense(cpu_alias(self));
+}
 
 void record_stream(at::Tensor&, c10::Stream) {
   // Synchronous execution: a block is never in flight on another stream.
@@ -175,7 +184,7 @@ at::Tensor convolution_overrideable(const at::Tensor& input, const at::Tensor& w
   if (bias.has_value() && bias->defined()) b = cpu_alias(*bias);
   at::Tensor out;
   {
-    exec::DeviceMemoryScope scope(d);
+    NPU_KERNEL_SCOPE("aten::convolution_overrideable", "", d);
     out = at::convolution(cpu_alias(input), cpu_alias(weight), b, stride, padding, dilation, transposed,
                           output_padding, groups);
   }
@@ -190,7 +199,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_overrideable
   std::vector<int64_t> bias_sizes{transposed ? weight.size(1) * groups : weight.size(0)};
   at::Tensor gi, gw, gb;
   {
-    exec::DeviceMemoryScope scope(d);
+    NPU_KERNEL_SCOPE("aten::convolution_backward_overrideable", "", d);
     std::tie(gi, gw, gb) =
         at::convolution_backward(cpu_alias(grad_output), cpu_alias(input), cpu_alias(weight), bias_sizes, stride,
                                  padding, dilation, transposed, output_padding, groups, output_mask);

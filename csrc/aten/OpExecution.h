@@ -29,6 +29,11 @@ void install_cpu_allocator();
 
 // A CPU tensor sharing `t`'s memory (t must be an npu tensor).
 at::Tensor cpu_alias(const at::Tensor& t);
+// The CPU storage an alias of `npu_storage` uses. Aliases of tensors that
+// share an npu storage must share one alias storage within a call, so CPU
+// kernels see them as aliases (memory-overlap checks, is_alias_of).
+c10::Storage alias_storage(const c10::Storage& npu_storage);
+at::Tensor cpu_alias(const at::Tensor& t, c10::Storage storage);
 // An npu tensor on `device` for a CPU tensor produced inside a
 // DeviceMemoryScope(device); zero-copy when the memory came from the pool.
 at::Tensor adopt_result(const at::Tensor& cpu_result, int device);
@@ -57,5 +62,32 @@ struct KernelObserver {
 };
 void set_kernel_observer(KernelObserver* observer);
 KernelObserver* kernel_observer();
+
+// What every npu kernel body runs inside: CPU allocations go to the device
+// pool and the kernel observer sees the kernel. Used by the boxed path and
+// by the direct kernels (through NPU_KERNEL_SCOPE).
+class KernelScope {
+ public:
+  KernelScope(const c10::OperatorHandle& op, int device);
+  ~KernelScope();
+  KernelScope(const KernelScope&) = delete;
+  KernelScope& operator=(const KernelScope&) = delete;
+
+ private:
+  DeviceMemoryScope memory_;
+  const c10::OperatorHandle& op_;
+  int device_;
+  KernelObserver* observer_;
+};
+
+c10::OperatorHandle find_op(const char* name, const char* overload);
+
+}  // namespace torch_npu::exec
+
+#define NPU_KERNEL_SCOPE(name, overload, device)                                               \
+  static const c10::OperatorHandle npu_kernel_op_ = ::torch_npu::exec::find_op(name, overload); \
+  ::torch_npu::exec::KernelScope npu_kernel_scope_(npu_kernel_op_, device)
+
+namespace torch_npu::exec {
 
 }  // namespace torch_npu::exec

@@ -13,7 +13,7 @@ std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, doubl
   int d = input.device().index();
   at::Tensor out, mask;
   {
-    exec::DeviceMemoryScope scope(d);
+    NPU_KERNEL_SCOPE("aten::native_dropout", "", d);
     at::Tensor x = exec::cpu_alias(input);
     if (input.numel() == 0) {
       out = x.clone();

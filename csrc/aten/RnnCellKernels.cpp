@@ -25,7 +25,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_lstm_cell(const at::Tensor&
   int d = input_gates.device().index();
   at::Tensor hy, cy, ws;
   {
-    exec::DeviceMemoryScope scope(d);
+    NPU_KERNEL_SCOPE("aten::_thnn_fused_lstm_cell", "", d);
     at::Tensor gates = cpu_alias(input_gates) + cpu_alias(hidden_gates);
     at::Tensor ib = alias_or_undefined(input_bias), hb = alias_or_undefined(hidden_bias);
     if (ib.defined()) gates = gates + ib;
@@ -45,7 +45,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_lstm_cell_backward_impl(
   int d = workspace.device().index();
   at::Tensor ggates, gcx, gbias;
   {
-    exec::DeviceMemoryScope scope(d);
+    NPU_KERNEL_SCOPE("aten::_thnn_fused_lstm_cell_backward_impl", "", d);
     at::Tensor ws = cpu_alias(workspace), c = cpu_alias(cy), cprev = cpu_alias(cx);
     auto chunks = ws.chunk(4, 1);
     at::Tensor i = chunks[0], f = chunks[1], g = chunks[2], o = chunks[3];
@@ -71,7 +71,7 @@ std::tuple<at::Tensor, at::Tensor> fused_gru_cell(const at::Tensor& input_gates,
   int d = input_gates.device().index();
   at::Tensor hy, ws;
   {
-    exec::DeviceMemoryScope scope(d);
+    NPU_KERNEL_SCOPE("aten::_thnn_fused_gru_cell", "", d);
     at::Tensor ig = cpu_alias(input_gates), hg = cpu_alias(hidden_gates), h = cpu_alias(hx);
     at::Tensor ib = alias_or_undefined(input_bias), hb = alias_or_undefined(hidden_bias);
     if (ib.defined()) ig = ig + ib;
@@ -92,7 +92,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_gru
   int d = workspace.device().index();
   at::Tensor gig, ghg, ghx, gib, ghb;
   {
-    exec::DeviceMemoryScope scope(d);
+    NPU_KERNEL_SCOPE("aten::_thnn_fused_gru_cell_backward", "", d);
     auto w = cpu_alias(workspace).chunk(5, 1);
     at::Tensor r = w[0], z = w[1], n = w[2], h = w[3], hn = w[4];
     at::Tensor g = cpu_alias(grad_hy);

@@ -2,6 +2,8 @@
 
 #include <c10/util/Exception.h>
 
+#include <array>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -141,6 +143,11 @@ struct DeviceState {
   double fraction = 1.0;
 };
 
+std::array<StatArray*, 9> stat_arrays(DeviceStats& s) {
+  return {&s.allocation, &s.segment, &s.active, &s.inactive_split, &s.allocated_bytes,
+          &s.reserved_bytes, &s.active_bytes, &s.inactive_split_bytes, &s.requested_bytes};
+}
+
 class Allocator {
  public:
   Allocator() : conf_(parse_conf()) {
@@ -174,6 +181,7 @@ class Allocator {
     b->requested = size;
     active_[b->ptr] = b;
     update_alloc_stats(ds, b, +1);
+    report_to_profiler(ds, b, device, static_cast<int64_t>(b->size));
     return b->ptr;
   }
 
@@ -185,6 +193,7 @@ class Allocator {
     active_.erase(it);
     DeviceState& ds = devices_[b->device];
     update_alloc_stats(ds, b, -1);
+    report_to_profiler(ds, b, b->device, -static_cast<int64_t>(b->size));
     b->allocated = false;
     b->requested = 0;
     auto& pool = b->small ? ds.small_free : ds.large_free;
@@ -215,10 +224,7 @@ class Allocator {
     check_device(device);
     auto& s = devices_[device].stats;
     for (int i = 0; i < NUM_STAT_TYPES; ++i) {
-      for (Stat* st : {&s.allocation[i], &s.segment[i], &s.active[i], &s.inactive_split[i], &s.allocated_bytes[i],
-                       &s.reserved_bytes[i], &s.active_bytes[i], &s.inactive_split_bytes[i], &s.requested_bytes[i]}) {
-        st->reset_accumulated();
-      }
+      for (StatArray* arr : stat_arrays(s)) (*arr)[i].reset_accumulated();
     }
     s.oversize_allocations.reset_accumulated();
     s.oversize_segments.reset_accumulated();
@@ -230,10 +236,7 @@ class Allocator {
     check_device(device);
     auto& s = devices_[device].stats;
     for (int i = 0; i < NUM_STAT_TYPES; ++i) {
-      for (Stat* st : {&s.allocation[i], &s.segment[i], &s.active[i], &s.inactive_split[i], &s.allocated_bytes[i],
-                       &s.reserved_bytes[i], &s.active_bytes[i], &s.inactive_split_bytes[i], &s.requested_bytes[i]}) {
-        st->reset_peak();
-      }
+      for (StatArray* arr : stat_arrays(s)) (*arr)[i].reset_peak();
     }
     s.oversize_allocations.reset_peak();
     s.oversize_segments.reset_peak();
@@ -433,6 +436,13 @@ class Allocator {
     }
   }
 
+  // torch.profiler(profile_memory=True) records npu allocations from here.
+  static void report_to_profiler(DeviceState& ds, Block* b, int device, int64_t delta) {
+    if (!c10::memoryProfilingEnabled()) return;
+    c10::reportMemoryUsageToProfiler(b->ptr, delta, ds.stats.allocated_bytes[ALL].current, ds.reserved,
+                                     c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(device)));
+  }
+
   void release_segment(DeviceState& ds, std::set<Block*, BlockLess>& pool, Block* b) {
     erase_free(ds, pool, b);
     acl_emu::aclrtFree(b->ptr, b->size, b->device);
@@ -478,7 +488,7 @@ void free_fn(void* ptr) {
   if (ptr != nullptr) instance().free(ptr);
 }
 
-class NPUAllocator final : public c10::Allocator {
+class NPUAllocator final : public c10::DeviceAllocator {
  public:
   explicit NPUAllocator(int device = -1) : device_(device) {}
   c10::DataPtr allocate(size_t nbytes) override {
@@ -488,6 +498,16 @@ class NPUAllocator final : public c10::Allocator {
   c10::DeleterFnPtr raw_deleter() const override { return &free_fn; }
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     default_copy_data(dest, src, count);
+  }
+  bool initialized() override { return true; }
+  void emptyCache(c10::MempoolId_t) override { instance().empty_cache(); }
+  void recordStream(const c10::DataPtr&, c10::Stream) override {}
+  DeviceStats getDeviceStats(c10::DeviceIndex device) override { return instance().stats(device); }
+  void resetAccumulatedStats(c10::DeviceIndex device) override { instance().reset_accumulated(device); }
+  void resetPeakStats(c10::DeviceIndex device) override { instance().reset_peak(device); }
+  std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex device) override {
+    auto r = mem_get_info(device);
+    return {static_cast<size_t>(r.first), static_cast<size_t>(r.second)};
   }
 
  private:

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <c10/core/Allocator.h>
+#include <c10/core/CachingDeviceAllocator.h>
 
 #include <cstdint>
 #include <string>
@@ -13,42 +14,11 @@
 
 namespace torch_npu::allocator {
 
-struct Stat {
-  int64_t current = 0, peak = 0, allocated = 0, freed = 0;
-  void increase(int64_t n) {
-    current += n;
-    allocated += n;
-    if (current > peak) peak = current;
-  }
-  void decrease(int64_t n) {
-    current -= n;
-    freed += n;
-  }
-  void reset_accumulated() { allocated = freed = 0; }
-  void reset_peak() { peak = current; }
-};
-
-enum StatType { ALL = 0, SMALL_POOL = 1, LARGE_POOL = 2, NUM_STAT_TYPES = 3 };
-
-struct DeviceStats {
-  Stat allocation[NUM_STAT_TYPES];
-  Stat segment[NUM_STAT_TYPES];
-  Stat active[NUM_STAT_TYPES];
-  Stat inactive_split[NUM_STAT_TYPES];
-  Stat allocated_bytes[NUM_STAT_TYPES];
-  Stat reserved_bytes[NUM_STAT_TYPES];
-  Stat active_bytes[NUM_STAT_TYPES];
-  Stat inactive_split_bytes[NUM_STAT_TYPES];
-  Stat requested_bytes[NUM_STAT_TYPES];
-  int64_t num_alloc_retries = 0;
-  int64_t num_ooms = 0;
-  int64_t num_sync_all_streams = 0;
-  int64_t num_device_alloc = 0;
-  int64_t num_device_free = 0;
-  Stat oversize_allocations;
-  Stat oversize_segments;
-  int64_t max_split_size = 0;
-};
+// CUDA's statistics structure, shared with torch.accelerator's memory API.
+using DeviceStats = c10::CachingDeviceAllocator::DeviceStats;
+using Stat = c10::CachingAllocator::Stat;
+using StatArray = c10::CachingAllocator::StatArray;
+enum StatIndex { ALL = 0, SMALL_POOL = 1, LARGE_POOL = 2, NUM_STAT_TYPES = 3 };
 
 struct BlockInfo {
   int64_t address, size, requested_size;
@@ -62,8 +32,8 @@ struct SegmentInfo {
   std::vector<BlockInfo> blocks;
 };
 
-// The c10::Allocator registered for PrivateUse1: allocates on the thread's
-// current device.
+// The allocator registered for PrivateUse1 (a c10 DeviceAllocator, so that
+// torch.accelerator's memory API works): allocates on the current device.
 c10::Allocator* get();
 // An allocator bound to one device (valid index required).
 c10::Allocator* get(int device);

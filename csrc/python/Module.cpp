@@ -49,7 +49,7 @@ py::dict stat_dict(const torch_npu::allocator::Stat& s) {
   return d;
 }
 
-py::dict stat_array(const torch_npu::allocator::Stat (&arr)[torch_npu::allocator::NUM_STAT_TYPES]) {
+py::dict stat_array(const torch_npu::allocator::StatArray& arr) {
   static const char* names[] = {"all", "small_pool", "large_pool"};
   py::dict d;
   for (int i = 0; i < torch_npu::allocator::NUM_STAT_TYPES; ++i) d[names[i]] = stat_dict(arr[i]);
