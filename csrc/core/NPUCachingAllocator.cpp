@@ -20,6 +20,7 @@ namespace torch_npu::allocator {
 namespace {
 
 constexpr size_t kMinBlockSize = 512;
+constexpr size_t kBlockPad = 32;
 constexpr size_t kSmallSize = 1048576;       // <= 1 MiB goes to the small pool
 constexpr size_t kSmallBuffer = 2097152;     // small-pool segment size
 constexpr size_t kLargeBuffer = 20971520;    // segment for 1-10 MiB requests
@@ -285,7 +286,9 @@ class Allocator {
                 ": did you call init?", PTA_ERROR(ErrCode::PARAM));
   }
 
+  // torch_npu pads every request by 32 bytes before rounding to 512.
   static size_t round_size(size_t size) {
+    size += kBlockPad;
     if (size < kMinBlockSize) return kMinBlockSize;
     return kMinBlockSize * ((size + kMinBlockSize - 1) / kMinBlockSize);
   }

@@ -1,6 +1,7 @@
 // torch_npu._C: the Python face of the C++ core. This is the only
 // translation unit that includes Python/pybind11 headers.
 #include <torch/csrc/Generator.h>
+#include <torch/csrc/utils/device_lazy_init.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -142,7 +143,10 @@ PYBIND11_MODULE(_C, m) {
   m.def("_npu_setDevice", [](int64_t d) { NPU_CHECK_ERROR(acl_emu::aclrtSetDevice(static_cast<int32_t>(d))); });
   m.def("_npu_getDevice", [] { return acl_emu::current_device_or_default(); });
   m.def("_npu_synchronize", [] {});
-  m.def("_npu_set_run_yet_variable_to_false", [] {});
+  // After fork: the next npu use (factories included) must go through
+  // torch.npu._lazy_init(), which raises the fork error.
+  m.def("_npu_set_run_yet_variable_to_false",
+        [] { torch::utils::set_requires_device_init(c10::DeviceType::PrivateUse1, true); });
   m.def("_npu_canDeviceAccessPeer", [](int64_t a, int64_t b) {
     checked_device(a);
     checked_device(b);
@@ -167,9 +171,9 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("uuid", &DeviceProperties::uuid)
       .def("__repr__", [](const DeviceProperties& p) {
         std::ostringstream os;
-        os << "_NPUDeviceProperties(name='" << p.name << "', total_memory=" << p.total_memory / (1024 * 1024)
+        os << "_NPUDeviceProperties(name='" << p.name << "', total_memory=" << p.total_memory / (1024.0 * 1024.0)
            << "MB, cube_core_num=" << p.cube_core_num << ", vector_core_num=" << p.vector_core_num
-           << ", uuid=" << p.uuid << ", L2_cache_size=" << p.L2_cache_size / (1024 * 1024) << "MB)";
+           << ", uuid=" << p.uuid << ", L2_cache_size=" << p.L2_cache_size / (1024.0 * 1024.0) << "MB)";
         return os.str();
       });
   m.def("_npu_getDeviceProperties", [](int64_t d) {
@@ -179,7 +183,8 @@ PYBIND11_MODULE(_C, m) {
     p.name = cfg.name;
     p.total_memory = cfg.capacity;
     char buf[64];
-    std::snprintf(buf, sizeof(buf), "a5c3e0d2-emu0-4e50-8000-%012x", cfg.visible[dev]);
+    // A stable, well-formed uuid per physical device (version-4 layout).
+    std::snprintf(buf, sizeof(buf), "a5c3e0d2-0e7a-4e50-8000-%012x", cfg.visible[dev]);
     p.uuid = buf;
     return p;
   });
@@ -213,6 +218,10 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("_npu_setStream", [](int64_t stream_id, int64_t device_index, int64_t device_type) {
     TORCH_CHECK(device_type == static_cast<int64_t>(c10::DeviceType::PrivateUse1), "Expected a npu stream");
+    // As torch_npu (and CUDA): selecting a stream makes its device current.
+    if (acl_emu::current_device_or_default() != device_index) {
+      NPU_CHECK_ERROR(acl_emu::aclrtSetDevice(static_cast<int32_t>(device_index)));
+    }
     torch_npu::set_current_stream(c10::Stream(c10::Stream::UNSAFE,
                                               c10::Device(c10::DeviceType::PrivateUse1,
                                                           static_cast<c10::DeviceIndex>(checked_device(device_index))),
