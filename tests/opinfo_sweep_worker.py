@@ -11,9 +11,23 @@ Usage::
     python tests/opinfo_sweep_worker.py --ops-json '["name1", "name2"]'
         runs the named variants; for each prints, flushed,
             OPINFO_SWEEP_START <name>
+            OPINFO_SWEEP_AT <phase> sample <i>     (before each sample)
             OPINFO_SWEEP_RESULT <json>
         The JSON object has: op, dtype, mode ("exact" | "meta" | "known_failure"),
-        passed (samples), failed (list of {sample, phase, msg}), notes, seconds.
+        passed (samples), failed (list of {sample, phase, msg}), notes,
+        meta_samples (samples compared by shape/dtype/device only), seconds.
+
+Per op variant: up to MAX_SAMPLES (3) samples of ``op.sample_inputs("cpu", dtype)``
+compared forward ("fwd": outputs, and the inputs after the op, for in-place and
+out= ops); for differentiable ops also up to 3 samples built with
+requires_grad=True ("grad": outputs, then the grads of a weighted sum of the
+float outputs w.r.t. the sample's leaf tensors). dtype is float32, or the first
+supported of DTYPE_PREFERENCE.
+
+Environment knobs (exploration; the test's defaults need none of them):
+    TORCH_NPU_SWEEP_DTYPE=float64      try this dtype first
+    TORCH_NPU_SWEEP_MAX_SAMPLES=1000   more samples per op variant
+    TORCH_NPU_SWEEP_STRIDES=0          do not compare strides/storage offsets
 
 The process runs single-threaded (``torch.set_num_threads(1)``) so that CPU and
 npu executions run the very same kernels with the same reduction order; results
@@ -311,10 +325,13 @@ def run_grad_sample(op, sample, meta_only, seed, cpu_args):
     npu_out = sample.output_process_fn_grad(npu_out)
     compare(npu_out, cpu_out, meta_only, on_npu=on_npu)
 
-    # Grads w.r.t. the sample's leaf tensors. (A non-leaf input, e.g. the
-    # sample's ``window[:8]`` of a leaf ``window``, is an intermediate of the
-    # CPU graph but a fresh leaf on npu: not comparable, left out.)
-    pairs = [(c, n) for c, n in memo.values() if c.requires_grad and c.is_leaf]
+    # Grads w.r.t. the sample's own leaf tensors. A non-leaf input, or a view
+    # of another tensor that requires grad (istft's sample passes
+    # ``window[:8]`` made in no-grad mode: autograd gives it no grad on CPU),
+    # is tied to a base outside the sample, while its npu copy is a fresh
+    # leaf: not comparable, left out of the grad comparison.
+    pairs = [(c, n) for c, n in memo.values() if c.requires_grad and c.is_leaf
+             and not (c._is_view() and c._base is not None and c._base.requires_grad)]
     cpu_outs, npu_outs = grad_outputs(cpu_out), grad_outputs(npu_out)
     if len(cpu_outs) != len(npu_outs):
         raise Mismatch(f"{len(cpu_outs)} differentiable outputs on cpu, {len(npu_outs)} on npu")
@@ -336,7 +353,7 @@ def run_grad_sample(op, sample, meta_only, seed, cpu_args):
     except Exception as e:  # noqa: BLE001
         npu_exc = e
     if check_exceptions(cpu_exc, npu_exc) == "both":
-        return "backward raised on both"
+        return "backward: both raised"
     for i, (ng, cg) in enumerate(zip(npu_g, cpu_g)):
         if (ng is None) != (cg is None):
             raise Mismatch(f"grad[{i}]: {'npu' if ng is None else 'cpu'} grad is None, the other is not")
@@ -347,7 +364,7 @@ def run_grad_sample(op, sample, meta_only, seed, cpu_args):
 
 def run_variant(name, op):
     t0 = time.time()
-    res = {"op": name, "dtype": None, "mode": "exact", "passed": 0, "failed": [], "notes": []}
+    res = {"op": name, "dtype": None, "mode": "exact", "passed": 0, "failed": [], "notes": [], "meta_samples": 0}
     kind = opinfo_exclusions.kind_of(name)
     if kind == "skip":
         res["mode"] = "skip"
@@ -385,12 +402,15 @@ def run_variant(name, op):
         if not samples:
             res["notes"].append(f"{phase}: no samples")
         for i, sample in enumerate(samples):
+            print(f"OPINFO_SWEEP_AT {phase} sample {i}", flush=True)  # names the sample if we crash
             torch.manual_seed(seed + i)
             try:
+                meta = meta_only and opinfo_exclusions.sample_values_excluded(name, sample)
+                res["meta_samples"] += int(meta)
                 if phase == "fwd":
-                    note = run_forward_sample(op, sample, meta_only, cpu_args)
+                    note = run_forward_sample(op, sample, meta, cpu_args)
                 else:
-                    note = run_grad_sample(op, sample, meta_only, seed + i, cpu_args)
+                    note = run_grad_sample(op, sample, meta, seed + i, cpu_args)
                 res["passed"] += 1
                 if note:
                     res["notes"].append(f"{phase}[{i}]: {note}")
@@ -468,9 +488,11 @@ def main(argv=None):
             res = run_variant(name, ops[name])
         print("OPINFO_SWEEP_RESULT " + json.dumps(res), flush=True)
     print("OPINFO_SWEEP_DONE", flush=True)
-    # Skip interpreter finalization: a late release of an autograd GraphTask on
-    # the npu autograd device thread can abort the process at exit (see
-    # opinfo_exclusions / the sweep report); results are all printed by now.
+    # Skip interpreter finalization: the npu autograd device thread may drop the
+    # last reference to a GraphTask (holding Python-owned tensors) while Python
+    # finalizes, and abort the process ("terminate called without an active
+    # exception"; PyTorch's known exit race with autograd device threads).
+    # Every result is printed by now.
     sys.stderr.flush()
     os._exit(0)
 

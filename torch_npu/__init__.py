@@ -3,6 +3,7 @@
 ``import torch_npu`` (or plain ``import torch``, through the
 ``torch.backends`` autoload entry point) gives PyTorch an ``npu`` device.
 """
+import atexit as _atexit
 import os as _os
 
 _autoload_saved = _os.environ.get("TORCH_DEVICE_BACKEND_AUTOLOAD")
@@ -61,6 +62,19 @@ if _autoload_saved is None:
     _os.environ.pop("TORCH_DEVICE_BACKEND_AUTOLOAD", None)
 else:
     _os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = _autoload_saved
+
+
+def _npu_shutdown():
+    """At exit: let the autograd device threads drop the last user graph
+    before Python finalizes (otherwise a late release can abort the process)."""
+    try:
+        if torch_npu.npu.is_initialized():
+            torch_npu._C._npu_flush_autograd_threads()
+    except Exception:  # never fail the interpreter's exit
+        pass
+
+
+_atexit.register(_npu_shutdown)
 
 
 def _autoload():

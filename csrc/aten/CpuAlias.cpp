@@ -88,9 +88,14 @@ c10::Storage adopt_storage(c10::StorageImpl* s, int device) {
     return c10::Storage(c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), s->sym_nbytes(),
                                                               std::move(dp), allocator::get(), true));
   }
+  auto nbytes = s->nbytes();
+  if (s->data() == nullptr) {
+    // No memory behind it (e.g. an efficient zero tensor): nothing to move.
+    return c10::Storage(c10::make_intrusive<c10::StorageImpl>(
+        c10::StorageImpl::use_byte_size_t(), nbytes, c10::DataPtr(nullptr, npu), allocator::get(device), false));
+  }
   // Memory the kernel did not take from the pool (a static buffer, or an
   // allocation on an intra-op worker thread): copy it into device memory.
-  auto nbytes = s->nbytes();
   c10::DataPtr dp = allocator::allocate(nbytes, device, npu);
   if (nbytes) std::memcpy(dp.get(), s->data(), nbytes);
   return c10::Storage(c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), nbytes,
@@ -105,6 +110,7 @@ at::Tensor npu_tensor_like(c10::Storage storage, const at::Tensor& geometry) {
   o->set_sizes_and_strides(g->sizes(), g->strides(), g->storage_offset());
   if (g->is_conj()) o->_set_conj(true);
   if (g->is_neg()) o->_set_neg(true);
+  if (g->_is_zerotensor()) o->_set_zero(true);
   return out;
 }
 

@@ -278,8 +278,11 @@ int register_explicit_cpu_kernels() {
     if (name.name.rfind("aten::", 0) != 0) continue;
     if (!op->hasKernelForDispatchKey(c10::DispatchKey::CPU)) continue;
     if (op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) continue;
+    // Also the few ops with a CPU kernel and a CompositeImplicitAutograd one
+    // (mish_backward, native_channel_shuffle): CPU runs its kernel, so npu must too.
     if (!op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) &&
-        !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional)) {
+        !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional) &&
+        !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)) {
       continue;
     }
     std::string full = name.name.substr(6) + (name.overload_name.empty() ? "" : "." + name.overload_name);

@@ -3,7 +3,9 @@
 // share the npu storage, not an alias), scalar reads, and the ops whose
 // non-CPU code path has no CPU kernel (convolution's overrideable backend).
 #include <ATen/EmptyTensor.h>
-#include <ATen/Functions.h>
+#include <ATen/ops/_local_scalar_dense.h>
+#include <ATen/ops/convolution.h>
+#include <ATen/ops/convolution_backward.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/unfold_native.h>
@@ -52,6 +54,28 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::op
   int d = resolve_device(device);
   return at::detail::empty_strided_generic(size, stride, allocator::get(d), kNpuKeys,
                                            c10::dtype_or_default(dtype));
+}
+
+// Allocator for efficient zero tensors: no memory, an npu label.
+class ZeroAllocator final : public c10::Allocator {
+ public:
+  explicit ZeroAllocator(c10::Device d) : device_(d) {}
+  c10::DataPtr allocate(size_t) override { return {nullptr, nullptr, &noop, device_}; }
+  c10::DeleterFnPtr raw_deleter() const override { return &noop; }
+  void copy_data(void*, const void*, std::size_t) const override {}
+
+ private:
+  static void noop(void*) {}
+  c10::Device device_;
+};
+
+at::Tensor efficientzerotensor(c10::IntArrayRef size, std::optional<at::ScalarType> dtype,
+                               std::optional<at::Layout> layout, std::optional<at::Device> device,
+                               std::optional<bool> pin_memory) {
+  int d = resolve_device(device);
+  ZeroAllocator zero(c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(d)));
+  auto keys = kNpuKeys | c10::DispatchKeySet(c10::DispatchKey::ZeroTensor);
+  return at::detail::empty_generic(size, &zero, keys, c10::dtype_or_default(dtype), std::nullopt);
 }
 
 bool is_npu(const at::Tensor& t) { return t.device().type() == c10::DeviceType::PrivateUse1; }
@@ -214,6 +238,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   using namespace torch_npu::kernels;
   m.impl("empty.memory_format", &empty_memory_format);
   m.impl("empty_strided", &empty_strided);
+  m.impl("_efficientzerotensor", &efficientzerotensor);
   m.impl("copy_", &copy_);
   m.impl("_copy_from", &_copy_from);
   m.impl("_copy_from_and_resize", &_copy_from_and_resize);

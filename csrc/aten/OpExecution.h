@@ -47,8 +47,8 @@ at::Tensor npu_tensor_like(c10::Storage storage, const at::Tensor& geometry);
 void npu_cpu_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack);
 
 // Registers the boxed kernel explicitly for ops that have both a CPU kernel
-// and a CompositeExplicitAutograd kernel (the composite one would otherwise
-// win for PrivateUse1 and cost an extra dispatch and allocation). Returns
+// and a Composite kernel (the composite one would otherwise win for
+// PrivateUse1: an extra dispatch and allocation, or a different result). Returns
 // how many ops were registered.
 int register_explicit_cpu_kernels();
 

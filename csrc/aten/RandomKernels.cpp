@@ -1,6 +1,7 @@
 // Random ops whose CPU kernel draws from the CPU default generator without
 // taking a Generator argument; on npu they must draw from the npu generator.
-#include <ATen/Functions.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/ones_like.h>
 #include <torch/library.h>
 
 #include "aten/OpExecution.h"

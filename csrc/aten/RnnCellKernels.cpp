@@ -2,7 +2,8 @@
 // (_thnn_fused_*_cell), which has no CPU kernel. These kernels compute the
 // same gate math with ATen CPU ops on zero-copy aliases. Workspace layouts
 // follow CUDA's: LSTM [i, f, g, o] activated gates; GRU [r, z, n, hx, hn].
-#include <ATen/Functions.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/zeros_like.h>
 #include <ATen/TensorOperators.h>
 #include <torch/library.h>
 

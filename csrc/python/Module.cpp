@@ -1,10 +1,12 @@
 // torch_npu._C: the Python face of the C++ core. This is the only
 // translation unit that includes Python/pybind11 headers.
 #include <torch/csrc/Generator.h>
+#include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/utils/device_lazy_init.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/ones.h>
 #include <c10/core/Allocator.h>
 
 #include "aten/OpExecution.h"
@@ -134,6 +136,21 @@ PYBIND11_MODULE(_C, m) {
   m.def("_npu_init", [] {
     // Validates PYTORCH_NPU_ALLOC_CONF (raises on a bad key).
     torch_npu::allocator::stats(0 < acl_emu::config().visible.size() ? 0 : 0);
+  });
+  // At exit: run one tiny C++-only backward per device. Each autograd
+  // device thread then drops its reference to the user's last GraphTask
+  // (whose outputs are Python objects) before Python finalizes; the task it
+  // holds afterwards owns no Python object, so releasing it late is safe.
+  m.def("_npu_flush_autograd_threads", [] {
+    py::gil_scoped_release no_gil;
+    uint32_t n = 0;
+    acl_emu::aclrtGetDeviceCount(&n);
+    for (uint32_t d = 0; d < n; ++d) {
+      at::Tensor leaf = at::ones({1}, at::TensorOptions().device(c10::Device(
+                                          c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(d))));
+      leaf.set_requires_grad(true);
+      torch::autograd::backward({leaf.sum()});
+    }
   });
   m.def("_npu_getDeviceCount", [] {
     uint32_t n = 0;
