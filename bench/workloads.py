@@ -40,7 +40,7 @@ class MicroOp:
 
 def _pair(*shapes, seed=0):
     g = torch.Generator().manual_seed(seed)
-    cpu = [torch.randn(*s, generator=g) for s in shapes]
+    cpu = [torch.randn(tuple(s), generator=g) for s in shapes]
     npu = [t.to(NPU) for t in cpu]
     return cpu, npu
 
@@ -79,6 +79,32 @@ def micro_ops() -> List[MicroOp]:
     ops.append(MicroOp("matmul 256x256 (a @ b)",
                        {"cpu": lambda: x @ y, NPU: lambda: xn @ yn},
                        small=False, keep=[x, y, xn, yn]))
+    return ops
+
+
+def extra_micro_ops() -> List[MicroOp]:
+    """Informational rows (no target): per-call costs that training steps
+    pay and that can take a different path on npu."""
+    ops: List[MicroOp] = []
+    # .item(): device->host scalar read (aten::_local_scalar_dense).  The
+    # foreach optimizers on npu call it 2x per param per step.
+    (s,), (sn,) = _pair(())
+    ops.append(MicroOp("extra: scalar .item()",
+                       {"cpu": lambda: s.item(), NPU: lambda: sn.item()},
+                       small=False, keep=[s, sn]))
+    # tiny autograd round trip.  On npu, backward runs on the autograd
+    # engine's per-device worker thread (like CUDA), on cpu in the caller's
+    # thread, so this row shows the thread hand-off cost per backward() call.
+    g = torch.Generator().manual_seed(5)
+    xc = torch.randn(16, generator=g).requires_grad_()
+    xn = xc.detach().to(NPU).requires_grad_()
+
+    def bw(x):
+        (x * 2).sum().backward()
+        x.grad = None
+    ops.append(MicroOp("extra: tiny backward ((x*2).sum().backward(), 16 elem)",
+                       {"cpu": lambda: bw(xc), NPU: lambda: bw(xn)},
+                       small=False, keep=[xc, xn]))
     return ops
 
 
@@ -161,28 +187,51 @@ class TrainStep:
     description: str = ""
 
 
-def _make_train_step(model, opt, loss_fn, x, y):
+def _make_train_step(model, opt, loss_fn, x, y, autograd_mt: bool = True):
     def step():
         opt.zero_grad(set_to_none=True)
         loss = loss_fn(model(x), y)
         loss.backward()
         opt.step()
         return loss
-    return step
+
+    if autograd_mt:
+        return step
+
+    def step_single_threaded_autograd():
+        # backward runs in the calling thread instead of the autograd
+        # engine's per-device worker thread (no effect for cpu tensors)
+        with torch.autograd.set_multithreading_enabled(False):
+            return step()
+    return step_single_threaded_autograd
 
 
-def _build(name, target, description, model_fn, opt_fn, loss_fn, x, y, seed=0):
+# Build options shared by all workloads (set by run.py / _isolated.py).
+BUILD_OPTS = {"autograd_mt": True}
+
+
+def _build(name, target, description, model_fn, opt_fn, loss_fn, x, y, seed=0,
+           devices=("cpu", NPU)):
+    """Build the model once on CPU (fixed seed); the npu copy is a deepcopy
+    moved to npu.  `devices` may be ("cpu",) for a process that must not
+    touch the npu at all (process-isolated baseline)."""
     torch.manual_seed(seed)
     cpu_model = model_fn()
-    npu_model = copy.deepcopy(cpu_model).to(NPU)
-    xn, yn = x.to(NPU), y.to(NPU)
-    cpu_opt, npu_opt = opt_fn(cpu_model.parameters()), opt_fn(npu_model.parameters())
+    models = {"cpu": cpu_model}
+    inputs = {"cpu": (x, y)}
+    if NPU in devices:
+        models[NPU] = copy.deepcopy(cpu_model).to(NPU)
+        inputs[NPU] = (x.to(NPU), y.to(NPU))
+    if "cpu" not in devices:
+        del models["cpu"], inputs["cpu"]
+    opts = {d: opt_fn(m.parameters()) for d, m in models.items()}
+    amt = BUILD_OPTS["autograd_mt"]
     return TrainStep(
         name=name, target_ratio=target, description=description,
-        steps={"cpu": _make_train_step(cpu_model, cpu_opt, loss_fn, x, y),
-               NPU: _make_train_step(npu_model, npu_opt, loss_fn, xn, yn)},
-        models={"cpu": cpu_model, NPU: npu_model},
-        optimizers={"cpu": cpu_opt, NPU: npu_opt},
+        steps={d: _make_train_step(models[d], opts[d], loss_fn, *inputs[d], autograd_mt=amt)
+               for d in models},
+        models=models,
+        optimizers=opts,
     )
 
 
@@ -190,7 +239,7 @@ def _foreach_kw(foreach: Optional[bool]) -> dict:
     return {} if foreach is None else {"foreach": foreach}
 
 
-def mlp_step(foreach: Optional[bool] = None) -> TrainStep:
+def mlp_step(foreach: Optional[bool] = None, devices=("cpu", NPU)) -> TrainStep:
     g = torch.Generator().manual_seed(1)
     x = torch.randn(64, 256, generator=g)
     y = torch.randint(0, 10, (64,), generator=g)
@@ -198,10 +247,10 @@ def mlp_step(foreach: Optional[bool] = None) -> TrainStep:
         "MLP 256-512-512-10, bs64, Adam", 1.15,
         "fwd+bwd+Adam step, cross-entropy",
         lambda: MLP(), lambda p: torch.optim.Adam(p, lr=1e-3, **_foreach_kw(foreach)),
-        F.cross_entropy, x, y)
+        F.cross_entropy, x, y, devices=devices)
 
 
-def gpt_block_step(foreach: Optional[bool] = None, batch=8, seq=256,
+def gpt_block_step(foreach: Optional[bool] = None, devices=("cpu", NPU), batch=8, seq=256,
                    d_model=512, n_heads=8) -> TrainStep:
     g = torch.Generator().manual_seed(2)
     x = torch.randn(batch, seq, d_model, generator=g)
@@ -211,10 +260,10 @@ def gpt_block_step(foreach: Optional[bool] = None, batch=8, seq=256,
         "pre-LN block, causal SDPA, GELU MLP 4x; fwd+bwd+AdamW step, MSE",
         lambda: GPTBlock(d_model, n_heads),
         lambda p: torch.optim.AdamW(p, lr=1e-4, **_foreach_kw(foreach)),
-        F.mse_loss, x, y)
+        F.mse_loss, x, y, devices=devices)
 
 
-def convnet_step(foreach: Optional[bool] = None) -> TrainStep:
+def convnet_step(foreach: Optional[bool] = None, devices=("cpu", NPU)) -> TrainStep:
     g = torch.Generator().manual_seed(3)
     x = torch.randn(32, 3, 32, 32, generator=g)
     y = torch.randint(0, 10, (32,), generator=g)
@@ -223,7 +272,7 @@ def convnet_step(foreach: Optional[bool] = None) -> TrainStep:
         "fwd+bwd+SGD(momentum 0.9) step, cross-entropy",
         lambda: ConvNet(),
         lambda p: torch.optim.SGD(p, lr=1e-2, momentum=0.9, **_foreach_kw(foreach)),
-        F.cross_entropy, x, y)
+        F.cross_entropy, x, y, devices=devices)
 
 
 TRAIN_STEPS = {
@@ -246,3 +295,23 @@ def check_equivalence(ts: TrainStep, n_steps: int = 2) -> dict:
         max_param_diff = max(max_param_diff, (pc.detach() - pn.detach().cpu()).abs().max().item())
     return {"max_loss_abs_diff": max_loss_diff, "max_param_abs_diff": max_param_diff,
             "npu_param_device": str(next(ts.models[NPU].parameters()).device)}
+
+
+def optimizer_path(ts: TrainStep) -> dict:
+    """Which optimizer implementation torch will actually use per device
+    ('fused', 'foreach' or 'for-loop'), resolving foreach=None the way
+    torch.optim does (torch defaults to foreach only on devices listed in
+    torch.utils._foreach_utils._get_foreach_kernels_supported_devices())."""
+    from torch.optim.optimizer import _default_to_fused_or_foreach
+    out = {}
+    for dev, opt in ts.optimizers.items():
+        d = opt.defaults
+        params = [p for g in opt.param_groups for p in g["params"]]
+        if d.get("fused"):
+            out[dev] = "fused"
+        elif d.get("foreach") is None:
+            fused, foreach = _default_to_fused_or_foreach(params, bool(d.get("differentiable")), False)
+            out[dev] = "foreach (auto)" if foreach else "for-loop (auto)"
+        else:
+            out[dev] = "foreach" if d["foreach"] else "for-loop"
+    return out

@@ -46,15 +46,16 @@ torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module
                                                      unsupported_dtype=unsupported_dtype)
 torch_npu._C._initExtension()
 
-try:
-    torch._C._autograd._supported_activities  # noqa: B018
-    from torch.profiler import ProfilerActivity as _PA
-    if not hasattr(_PA, "NPU") and hasattr(_PA, "PrivateUse1"):
-        pass
-except Exception:
-    pass
-
 torch.version.cann = torch_npu.version.cann
+
+# The emulated device computes with CPU kernels (OpenMP). PyTorch would run
+# npu backward passes on a per-device autograd thread, whose parallel regions
+# then start a second OpenMP team that oversubscribes the cores and slows every
+# kernel in the process (2x on a small MLP step). So backward runs on the
+# calling thread, as it does for CPU tensors; TORCH_NPU_EMU_AUTOGRAD_THREADS=1
+# restores PyTorch's device threads.
+if _os.environ.get("TORCH_NPU_EMU_AUTOGRAD_THREADS", "0") != "1":
+    torch._C._set_multithreading_enabled(False)
 
 from torch_npu import emulator  # noqa: E402,F401
 

@@ -309,7 +309,12 @@ void sparse_unsupported(const c10::OperatorHandle& op, c10::DispatchKeySet, torc
 }
 }  // namespace
 
-// Sparse npu tensors are not supported by torch_npu: a clear error, no fallback.
+// Sparse (COO and compressed) npu tensors are not supported by torch_npu: a
+// clear error, no fallback.
 TORCH_LIBRARY_IMPL(_, SparsePrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&sparse_unsupported>());
+}
+
+TORCH_LIBRARY_IMPL(_, SparseCsrPrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&sparse_unsupported>());
 }
