@@ -8,6 +8,9 @@ Configured by environment variables read once, at the first device use:
   or a number of bytes (default 64 GiB). Host memory is used only as tensors
   are allocated.
 
+- ``TORCH_NPU_EMU_AUTOGRAD_THREADS`` — ``1`` keeps PyTorch's per-device
+  autograd threads for npu backward (default: the calling thread runs it).
+
 ``ASCEND_RT_VISIBLE_DEVICES`` then selects among the emulated devices as on
 hardware.
 """
