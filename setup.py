@@ -2,6 +2,10 @@
 import glob
 import os
 
+# Building must not import an installed (possibly stale) torch_npu through
+# torch's backend autoload.
+os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
+
 from setuptools import find_packages, setup
 from torch.utils.cpp_extension import BuildExtension, CppExtension
 
@@ -19,6 +23,7 @@ setup(
     license="BSD-3-Clause",
     python_requires=">=3.9",
     packages=find_packages(include=["torch_npu", "torch_npu.*"]),
+    package_data={"torch_npu": ["_data/*.txt"]},
     install_requires=["torch==2.13.0", "numpy", "pyyaml"],
     ext_modules=[
         CppExtension(

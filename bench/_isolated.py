@@ -29,7 +29,7 @@ def main(argv=None):
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--malloc", default="tuned")
     p.add_argument("--foreach", default="default")
-    p.add_argument("--autograd-mt", default="on")
+    p.add_argument("--autograd-mt", default="default")
     p.add_argument("--inner", type=int, default=1)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--reps", type=int, default=1000)
@@ -45,7 +45,7 @@ def main(argv=None):
 
     torch.set_num_threads(args.threads)
     T.set_clock(args.clock)
-    W.BUILD_OPTS["autograd_mt"] = args.autograd_mt == "on"
+    W.BUILD_OPTS["autograd_mt"] = {"default": None, "on": True, "off": False}[args.autograd_mt]
     foreach = {"default": None, "on": True, "off": False}[args.foreach]
     dev = args.device
     if dev == "npu":

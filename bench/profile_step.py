@@ -67,7 +67,7 @@ def main(argv=None):
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--foreach", choices=["default", "on", "off"], default="default")
     p.add_argument("--malloc", choices=["tuned", "stock"], default="tuned")
-    p.add_argument("--autograd-mt", choices=["on", "off"], default="on")
+    p.add_argument("--autograd-mt", choices=["default", "on", "off"], default="default")
     p.add_argument("--isolated", action="store_true",
                    help="profile cpu and npu in separate fresh processes (cpu without torch_npu), "
                         "like run.py section 3")
@@ -79,7 +79,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     malloc_desc = T.tune_malloc(args.malloc)
     torch.set_num_threads(args.threads)
-    W.BUILD_OPTS["autograd_mt"] = args.autograd_mt == "on"
+    W.BUILD_OPTS["autograd_mt"] = {"default": None, "on": True, "off": False}[args.autograd_mt]
     foreach = {"default": None, "on": True, "off": False}[args.foreach]
 
     if args.collect_only:  # child process of --isolated

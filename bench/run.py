@@ -69,10 +69,10 @@ def parse_args(argv=None):
     p.add_argument("--malloc", choices=["tuned", "stock"], default="tuned",
                    help="tuned (default): glibc mallopt so native-CPU tensors don't re-fault freed "
                         "memory every step (stable CPU baseline); stock: glibc defaults")
-    p.add_argument("--autograd-mt", choices=["on", "off"], default="on",
-                   help="on (default, stock torch): npu backward runs on the autograd engine's "
-                        "per-device worker thread; off: wrap every step in "
-                        "torch.autograd.set_multithreading_enabled(False) (backward in the calling thread)")
+    p.add_argument("--autograd-mt", choices=["default", "on", "off"], default="default",
+                   help="default: torch_npu's setting (npu backward in the calling thread); on: force the "
+                        "autograd engine's per-device worker thread (stock PyTorch behaviour for devices); "
+                        "off: force the calling thread")
     p.add_argument("--no-isolated", action="store_true",
                    help="skip the process-isolated step comparison (section 3)")
     p.add_argument("--no-extra", action="store_true",
@@ -334,7 +334,7 @@ def main(argv=None):
     prof_name = "quick" if args.quick else "full"
     prof = PROFILES[prof_name]
     malloc_desc = T.tune_malloc(args.malloc)
-    W.BUILD_OPTS["autograd_mt"] = args.autograd_mt == "on"
+    W.BUILD_OPTS["autograd_mt"] = {"default": None, "on": True, "off": False}[args.autograd_mt]
     torch.set_num_threads(args.threads)
     T.set_clock(args.clock)
     sections = {s.strip() for s in args.only.split(",") if s.strip()}

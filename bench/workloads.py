@@ -187,7 +187,9 @@ class TrainStep:
     description: str = ""
 
 
-def _make_train_step(model, opt, loss_fn, x, y, autograd_mt: bool = True):
+def _make_train_step(model, opt, loss_fn, x, y, autograd_mt=None):
+    """autograd_mt: None keeps torch_npu's setting (backward in the calling
+    thread); True/False force torch.autograd.set_multithreading_enabled."""
     def step():
         opt.zero_grad(set_to_none=True)
         loss = loss_fn(model(x), y)
@@ -195,19 +197,17 @@ def _make_train_step(model, opt, loss_fn, x, y, autograd_mt: bool = True):
         opt.step()
         return loss
 
-    if autograd_mt:
+    if autograd_mt is None:
         return step
 
-    def step_single_threaded_autograd():
-        # backward runs in the calling thread instead of the autograd
-        # engine's per-device worker thread (no effect for cpu tensors)
-        with torch.autograd.set_multithreading_enabled(False):
+    def step_forced():
+        with torch.autograd.set_multithreading_enabled(autograd_mt):
             return step()
-    return step_single_threaded_autograd
+    return step_forced
 
 
 # Build options shared by all workloads (set by run.py / _isolated.py).
-BUILD_OPTS = {"autograd_mt": True}
+BUILD_OPTS = {"autograd_mt": None}
 
 
 def _build(name, target, description, model_fn, opt_fn, loss_fn, x, y, seed=0,

@@ -44,7 +44,26 @@ torch._register_device_module("npu", torch_npu.npu)
 unsupported_dtype = [torch.quint8, torch.quint4x2, torch.quint2x4, torch.qint32, torch.qint8]
 torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_storage=True,
                                                      unsupported_dtype=unsupported_dtype)
-torch_npu._C._initExtension()
+
+
+# Ops the emulator itself runs to implement an op that is native on the NPU
+# (scaled_dot_product_attention is an NPU kernel; here it runs CPU flash
+# attention). They must not count as CPU fallbacks.
+_EMULATION_INTERNAL_OPS = [
+    "_scaled_dot_product_flash_attention_for_cpu",
+    "_scaled_dot_product_flash_attention_for_cpu_backward",
+]
+
+
+def _native_npu_ops():
+    """ATen overloads that have an NPU kernel in the real torch_npu 2.13.0."""
+    path = _os.path.join(_os.path.dirname(__file__), "_data", "npu_native_ops.txt")
+    with open(path, encoding="utf-8") as f:
+        ops = [line.strip() for line in f if line.strip() and not line.startswith("#")]
+    return ops + _EMULATION_INTERNAL_OPS
+
+
+_kernel_registration = torch_npu._C._initExtension(_native_npu_ops())
 
 torch.version.cann = torch_npu.version.cann
 

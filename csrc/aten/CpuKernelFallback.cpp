@@ -10,6 +10,7 @@
 #include <atomic>
 #include <sstream>
 
+#include "aten/EmulatedCpuFallback.h"
 #include "aten/OpExecution.h"
 #include "core/NPUException.h"
 #include "core/NPUGenerator.h"
@@ -266,10 +267,10 @@ void npu_cpu_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::j
   }
 }
 
-int register_explicit_cpu_kernels() {
+KernelRegistration register_explicit_cpu_kernels(const std::unordered_set<std::string>& native_ops) {
   static torch::Library* lib = nullptr;
-  static int count = 0;
-  if (lib != nullptr) return count;
+  static KernelRegistration counts;
+  if (lib != nullptr) return counts;
   lib = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
   auto& dispatcher = c10::Dispatcher::singleton();
   for (const auto& name : dispatcher.getAllOpNames()) {
@@ -278,18 +279,30 @@ int register_explicit_cpu_kernels() {
     if (name.name.rfind("aten::", 0) != 0) continue;
     if (!op->hasKernelForDispatchKey(c10::DispatchKey::CPU)) continue;
     if (op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) continue;
+    std::string full = name.name.substr(6) + (name.overload_name.empty() ? "" : "." + name.overload_name);
     // Also the few ops with a CPU kernel and a CompositeImplicitAutograd one
     // (mish_backward, native_channel_shuffle): CPU runs its kernel, so npu must too.
-    if (!op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) &&
-        !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional) &&
-        !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)) {
+    const bool composite = op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
+                           op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional) ||
+                           op->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd);
+    if (composite) {
+      lib->impl(full.c_str(), torch::CppFunction::makeFromBoxedFunction<&npu_cpu_kernel>());
+      ++counts.zero_copy_explicit;
       continue;
     }
-    std::string full = name.name.substr(6) + (name.overload_name.empty() ? "" : "." + name.overload_name);
-    lib->impl(full.c_str(), torch::CppFunction::makeFromBoxedFunction<&npu_cpu_kernel>());
-    ++count;
+    // Would reach the backend fallback. On hardware, ops without an NPU
+    // kernel go through torch_npu's CPU fallback; emulate it. View-returning
+    // ops stay zero-copy (a copy cannot be a view).
+    if (native_ops.count(full) > 0) continue;
+    bool returns_alias = false;
+    for (const auto& ret : op->schema().returns()) {
+      if (ret.alias_info() != nullptr && !ret.alias_info()->isWrite()) returns_alias = true;
+    }
+    if (returns_alias) continue;
+    lib->impl(full.c_str(), torch::CppFunction::makeFromBoxedFunction<&emulated_cpu_fallback>());
+    ++counts.emulated_fallback;
   }
-  return count;
+  return counts;
 }
 
 }  // namespace torch_npu::exec

@@ -9,6 +9,9 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 
+#include <string>
+#include <unordered_set>
+
 namespace torch_npu::exec {
 
 // RAII: while alive, CPU allocations made on this thread come from the pool
@@ -46,11 +49,17 @@ at::Tensor npu_tensor_like(c10::Storage storage, const at::Tensor& geometry);
 // The boxed kernel used for every ATen op without a dedicated npu kernel.
 void npu_cpu_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack);
 
-// Registers the boxed kernel explicitly for ops that have both a CPU kernel
-// and a Composite kernel (the composite one would otherwise win for
-// PrivateUse1: an extra dispatch and allocation, or a different result). Returns
-// how many ops were registered.
-int register_explicit_cpu_kernels();
+// Registers kernels explicitly, op by op, at import:
+// - the zero-copy boxed kernel for ops that have both a CPU kernel and a
+//   Composite kernel (the composite one would otherwise win for PrivateUse1:
+//   an extra dispatch and allocation, or a different result);
+// - the emulated torch_npu CPU fallback for ops with only a CPU kernel that
+//   are not in `native_ops` (the real torch_npu's NPU kernel list).
+struct KernelRegistration {
+  int zero_copy_explicit = 0;
+  int emulated_fallback = 0;
+};
+KernelRegistration register_explicit_cpu_kernels(const std::unordered_set<std::string>& native_ops);
 
 // One hook in the execution layer. Later layers (CPU-fallback emulation,
 // profiler device timeline) observe each kernel through it. Called on the

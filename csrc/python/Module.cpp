@@ -4,11 +4,13 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/utils/device_lazy_init.h>
 #include <torch/csrc/utils/pybind.h>
+#include <pybind11/stl.h>
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/ones.h>
 #include <c10/core/Allocator.h>
 
+#include "aten/EmulatedCpuFallback.h"
 #include "aten/OpExecution.h"
 #include "core/NPUCachingAllocator.h"
 #include "core/NPUException.h"
@@ -127,12 +129,30 @@ PYBIND11_MODULE(_C, m) {
 
   // Done at import: before any npu op can run, the CPU allocator must be
   // redirectable and the explicit CPU kernels registered.
-  m.def("_initExtension", [] {
+  m.def("_initExtension", [](const std::vector<std::string>& native_ops) {
     torch_npu::exec::install_cpu_allocator();
     torch_npu::register_hooks();
     c10::SetAllocator(c10::DeviceType::PrivateUse1, torch_npu::allocator::get());
-    return torch_npu::exec::register_explicit_cpu_kernels();
+    auto r = torch_npu::exec::register_explicit_cpu_kernels(
+        std::unordered_set<std::string>(native_ops.begin(), native_ops.end()));
+    py::dict d;
+    d["zero_copy_explicit"] = r.zero_copy_explicit;
+    d["emulated_fallback"] = r.emulated_fallback;
+    return d;
   });
+  m.def("_emu_fallback_report", [] {
+    py::list out;
+    for (const auto& [name, s] : torch_npu::exec::fallback_stats()) {
+      py::dict d;
+      d["op"] = name;
+      d["calls"] = s.calls;
+      d["bytes_to_cpu"] = s.bytes_to_cpu;
+      d["bytes_to_npu"] = s.bytes_to_npu;
+      out.append(d);
+    }
+    return out;
+  });
+  m.def("_emu_reset_fallback_report", [] { torch_npu::exec::reset_fallback_stats(); });
   m.def("_npu_init", [] {
     // Validates PYTORCH_NPU_ALLOC_CONF (raises on a bad key).
     torch_npu::allocator::stats(0 < acl_emu::config().visible.size() ? 0 : 0);

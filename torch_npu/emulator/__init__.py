@@ -17,7 +17,8 @@ hardware.
 import torch_npu
 from torch_npu import version as _version
 
-__all__ = ["config", "device_count", "device_name", "memory_per_device", "cann_version", "driver_used_bytes"]
+__all__ = ["config", "device_count", "device_name", "memory_per_device", "cann_version", "driver_used_bytes",
+           "fallback_report", "reset_fallback_report", "kernel_registration"]
 
 
 def config() -> dict:
@@ -46,3 +47,25 @@ def cann_version() -> str:
 def driver_used_bytes(device: int) -> int:
     """Bytes the emulated driver has handed to the caching allocator on ``device``."""
     return torch_npu._C._emu_driver_used_bytes(device)
+
+
+def fallback_report() -> list:
+    """Ops that went through the emulated CPU fallback in this process.
+
+    On real hardware these ops (ATen ops without an NPU kernel in torch_npu
+    2.13.0) run on the CPU: arguments are copied to the host and results back.
+    Each entry: ``{"op", "calls", "bytes_to_cpu", "bytes_to_npu"}``, sorted by
+    op name.
+    """
+    return [dict(e) for e in torch_npu._C._emu_fallback_report()]
+
+
+def reset_fallback_report() -> None:
+    """Clear the fallback counters (the once-per-op warnings stay printed)."""
+    torch_npu._C._emu_reset_fallback_report()
+
+
+def kernel_registration() -> dict:
+    """How many ATen ops got an explicit zero-copy kernel and how many the
+    emulated CPU fallback, when torch_npu was imported."""
+    return dict(torch_npu._kernel_registration)

@@ -1,0 +1,190 @@
+// The CPU fallback of the real torch_npu, emulated. On hardware, an ATen op
+// that has a CPU kernel but no NPU kernel (not in npu_aten_ops.txt) runs
+// through npu_cpu_fallback: it warns once per op, copies every argument to
+// the CPU, runs there and copies the results (and mutated arguments) back.
+// Here such ops do the same real copies, so their cost shows, and the
+// counters tell which ops fell back and how many bytes they moved.
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/EmptyTensor.h>
+#include <c10/util/Exception.h>
+#include <torch/library.h>
+
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <string>
+#include <unordered_set>
+
+#include "aten/EmulatedCpuFallback.h"
+#include "aten/OpExecution.h"
+#include "core/NPUCachingAllocator.h"
+#include "core/NPUException.h"
+#include "core/NPUGenerator.h"
+#include "runtime/AclRuntime.h"
+
+namespace torch_npu::exec {
+namespace {
+
+std::mutex g_mu;
+std::map<std::string, FallbackStats>* g_stats = new std::map<std::string, FallbackStats>();
+std::unordered_set<std::string>* g_warned = new std::unordered_set<std::string>();
+
+bool fallback_disabled() {
+  static const bool disabled = [] {
+    const char* v = std::getenv("TORCH_NPU_FALLBACK_CPU_DISABLE");
+    return v != nullptr && std::string(v) == "1";
+  }();
+  return disabled;
+}
+
+std::string full_name(const c10::OperatorHandle& op) {
+  const auto& n = op.operator_name();
+  return n.name + (n.overload_name.empty() ? "" : "." + n.overload_name);
+}
+
+void warn_once(const std::string& name) {
+  {
+    std::lock_guard<std::mutex> g(g_mu);
+    if (!g_warned->insert(name).second) return;
+  }
+  // A c10 log line on stderr, as torch_npu prints it (not a Python warning).
+  static c10::WarningHandler base_handler;
+  base_handler.process(c10::Warning(
+      c10::UserWarning(), {"npu_cpu_fallback", "VariableFallbackKernel.cpp", 97},
+      "CAUTION: The operator '" + name +
+          "' is not currently supported on the NPU backend and will fall back to run on the CPU. This may have "
+          "performance implications.",
+      false));
+}
+
+bool is_npu(const at::Tensor& t) { return t.defined() && t.device().type() == c10::DeviceType::PrivateUse1; }
+
+struct Moved {
+  at::Tensor npu;
+  at::Tensor cpu;
+  bool written;
+};
+
+}  // namespace
+
+void emulated_cpu_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  const std::string name = full_name(op);
+  TORCH_CHECK(!fallback_disabled(), "The operator '", name,
+              "' would execute its main computation on CPU through dispatcher backend fallback because no kernel "
+              "is registered for the NPU PrivateUse1 backend, but CPU fallback is disabled by "
+              "TORCH_NPU_FALLBACK_CPU_DISABLE=1.",
+              OPS_ERROR(ErrCode::NOT_SUPPORT));
+  warn_once(name);
+
+  const auto& args = op.schema().arguments();
+  const size_t base = stack->size() - args.size();
+  int device = -1;
+  int64_t to_cpu = 0, to_npu = 0;
+  c10::SmallVector<Moved, 8> moved;
+  int64_t first_numel = -1;
+
+  // Real copies to host memory (a plain CPU tensor, not an alias).
+  auto to_host = [&](const at::Tensor& t, const c10::Argument& arg) -> at::Tensor {
+    if (!is_npu(t)) return t;
+    if (device < 0) device = t.device().index();
+    if (first_numel < 0) first_numel = t.numel();
+    at::Tensor host = cpu_alias(t).clone(at::MemoryFormat::Preserve);
+    to_cpu += static_cast<int64_t>(t.numel() * t.element_size());
+    moved.push_back({t, host, arg.alias_info() != nullptr && arg.alias_info()->isWrite()});
+    return host;
+  };
+
+  int gen_arg = -1;
+  for (size_t i = 0; i < args.size(); ++i) {
+    c10::IValue& iv = (*stack)[base + i];
+    if (iv.isTensor()) {
+      iv = to_host(iv.toTensor(), args[i]);
+    } else if (iv.isTensorList()) {
+      c10::List<at::Tensor> out;
+      for (const at::Tensor& t : iv.toTensorList()) out.push_back(to_host(t, args[i]));
+      iv = std::move(out);
+    } else if (iv.isList() && iv.toListRef().size() > 0 &&
+               (iv.toListRef()[0].isTensor() || iv.toListRef()[0].isNone())) {
+      c10::List<std::optional<at::Tensor>> out;
+      for (std::optional<at::Tensor> t : iv.toOptionalTensorList()) {
+        out.push_back(t.has_value() ? std::optional<at::Tensor>(to_host(*t, args[i])) : t);
+      }
+      iv = std::move(out);
+    } else if (iv.isDevice() && iv.toDevice().type() == c10::DeviceType::PrivateUse1) {
+      if (device < 0 && iv.toDevice().has_index()) device = iv.toDevice().index();
+      iv = c10::IValue(at::Device(c10::DeviceType::CPU));
+    } else if (iv.isGenerator() || (iv.isNone() && args[i].type()->kind() == c10::TypeKind::OptionalType &&
+                                    args[i].type()->castRaw<c10::OptionalType>()->getElementType()->kind() ==
+                                        c10::TypeKind::GeneratorType)) {
+      gen_arg = static_cast<int>(i);
+    }
+  }
+  if (device < 0) device = acl_emu::current_device_or_default();
+  if (gen_arg >= 0) {
+    c10::IValue& iv = (*stack)[base + gen_arg];
+    at::Generator gen = iv.isGenerator() ? iv.toGenerator() : default_generator(static_cast<c10::DeviceIndex>(device));
+    if (gen.device().type() == c10::DeviceType::PrivateUse1) iv = gen.get<NPUGeneratorImpl>()->engine_for_op(first_numel);
+  }
+
+  {
+    // The kernel runs on host memory: no device-memory scope.
+    KernelObserver* obs = kernel_observer();
+    if (obs) obs->on_kernel_begin(op, device);
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+    if (obs) obs->on_kernel_end(op, device);
+  }
+
+  // Mutated arguments: copy back (resizing the device tensor if needed).
+  for (auto& m : moved) {
+    if (!m.written) continue;
+    if (m.npu.sizes() != m.cpu.sizes() || m.npu.strides() != m.cpu.strides()) {
+      // The CPU kernel resized or restrided an out= argument: same geometry on the device.
+      m.npu.set_(m.npu.storage(), 0, m.cpu.sizes(), m.cpu.strides());
+    }
+    cpu_alias(m.npu).copy_(m.cpu);
+    to_npu += static_cast<int64_t>(m.cpu.numel() * m.cpu.element_size());
+  }
+
+  auto back = [&](const at::Tensor& r) -> at::Tensor {
+    if (!r.defined()) return r;
+    for (auto& m : moved) {
+      if (m.cpu.is_same(r)) return m.npu;
+    }
+    if (!r.is_cpu()) return r;
+    at::Tensor out = at::detail::empty_strided_generic(r.sizes(), r.strides(), allocator::get(device),
+                                                       c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                                       r.scalar_type());
+    cpu_alias(out).copy_(r);
+    to_npu += static_cast<int64_t>(r.numel() * r.element_size());
+    return out;
+  };
+  const size_t nret = op.schema().returns().size();
+  for (size_t i = stack->size() - nret; i < stack->size(); ++i) {
+    c10::IValue& iv = (*stack)[i];
+    if (iv.isTensor()) {
+      iv = back(iv.toTensor());
+    } else if (iv.isTensorList()) {
+      c10::List<at::Tensor> out;
+      for (const at::Tensor& t : iv.toTensorList()) out.push_back(back(t));
+      iv = std::move(out);
+    }
+  }
+
+  std::lock_guard<std::mutex> g(g_mu);
+  auto& s = (*g_stats)[name];
+  s.calls += 1;
+  s.bytes_to_cpu += to_cpu;
+  s.bytes_to_npu += to_npu;
+}
+
+std::vector<std::pair<std::string, FallbackStats>> fallback_stats() {
+  std::lock_guard<std::mutex> g(g_mu);
+  return {g_stats->begin(), g_stats->end()};
+}
+
+void reset_fallback_stats() {
+  std::lock_guard<std::mutex> g(g_mu);
+  g_stats->clear();
+}
+
+}  // namespace torch_npu::exec
