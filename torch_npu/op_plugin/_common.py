@@ -1,0 +1,28 @@
+"""Small helpers shared by the emulated op families."""
+import torch
+
+__all__ = []
+
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def acc(t):
+    """``t`` in its compute precision: float16/bfloat16 are upcast to float32
+    (as the NPU vector units accumulate), other dtypes are kept (float64 stays
+    float64, so gradcheck sees full precision)."""
+    return t.float() if t.dtype in _LOW_PRECISION else t
+
+
+def stat_dtype(t):
+    """dtype of float32 statistics outputs (rstd, ...): float32, or float64 for float64 inputs."""
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
+def fresh(t):
+    """A result that owns its memory: views are copied (contiguously), so an op whose
+    schema promises a new tensor never returns an alias of its input."""
+    return t.clone(memory_format=torch.contiguous_format) if t._is_view() else t
+
+
+def check(cond, op, message):
+    torch._check(cond, lambda: "%s: %s" % (op, message))

@@ -1,0 +1,119 @@
+"""The ``npu`` operator library: every torch_npu 2.13.0 custom-op schema, defined once.
+
+* ``define_all()`` defines each schema of ``_schemas.SCHEMAS`` in the ``npu``
+  namespace (``torch.ops.npu.*``) through one ``torch.library.Library("npu",
+  "DEF")`` that this module keeps alive. A schema PyTorch rejects is recorded in
+  ``FAILED`` (name -> error text) instead of aborting the import.
+* ``impl(name)`` registers an emulated implementation as a
+  ``CompositeImplicitAutograd`` Python kernel built from ATen ops, so one
+  function serves CPU and npu tensors, Meta/FakeTensor shape inference and
+  autograd.
+* ``register_not_emulated()`` gives every remaining overload CPU and
+  PrivateUse1 (npu) kernels that raise ``NotImplementedError`` naming the op,
+  never a silent wrong answer.
+"""
+import torch
+
+from torch_npu.op_plugin._schemas import SCHEMAS, SOURCE_ROWS
+
+__all__ = []
+
+NAMESPACE = "npu"
+
+# name -> (public, sections, schema, tensor_input) for each defined overload, in schema order.
+DEFINED = {}
+# name -> error text for schemas PyTorch refused to parse or register.
+FAILED = {}
+# name -> the Python function registered as its CompositeImplicitAutograd kernel.
+IMPLEMENTED = {}
+# names whose kernels raise NotImplementedError.
+NOT_EMULATED = []
+
+_LIB = None
+
+
+def _library():
+    global _LIB
+    if _LIB is None:
+        _LIB = torch.library.Library(NAMESPACE, "DEF")
+    return _LIB
+
+
+def define_all():
+    lib = _library()
+    for name, public, sections, schema, tensor_input in SCHEMAS:
+        try:
+            lib.define(schema)
+        except Exception as exc:  # recorded and reported, the rest still loads
+            FAILED[name] = "%s: %s" % (type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+        else:
+            DEFINED[name] = (public, sections, schema, tensor_input)
+
+
+def base_name(name):
+    return name.split(".", 1)[0]
+
+
+def not_emulated_message(name):
+    return ("torch_npu.%s (npu::%s) is not emulated yet on the CPU-emulated NPU."
+            % (base_name(name), name))
+
+
+def impl(name):
+    """Decorator: register ``fn`` as the CompositeImplicitAutograd kernel of ``npu::<name>``."""
+    def register(fn):
+        if name not in DEFINED:
+            raise RuntimeError("npu::%s has no schema to implement (%s)" % (name, FAILED.get(name, "unknown op")))
+        if name in IMPLEMENTED:
+            raise RuntimeError("npu::%s is implemented twice" % name)
+        _library().impl(name, fn, "CompositeImplicitAutograd")
+        IMPLEMENTED[name] = fn
+        return fn
+    return register
+
+
+def _raising_kernel(name):
+    message = not_emulated_message(name)
+
+    def not_emulated(*args, **kwargs):
+        raise NotImplementedError(message)
+
+    not_emulated.__name__ = "not_emulated_" + name.replace(".", "_")
+    not_emulated.__doc__ = message
+    return not_emulated
+
+
+def register_not_emulated():
+    """CPU and npu kernels that raise NotImplementedError, for every overload without an implementation.
+
+    Ops without Tensor inputs (factories such as ``empty_with_format``) have no
+    tensor to select a backend from; the dispatcher only passes BackendSelect for
+    them, so the same kernel is registered there too.
+    """
+    lib = _library()
+    for name in DEFINED:
+        if name in IMPLEMENTED:
+            continue
+        kernel = _raising_kernel(name)
+        lib.impl(name, kernel, "CPU")
+        lib.impl(name, kernel, "PrivateUse1")
+        if not DEFINED[name][3]:
+            lib.impl(name, kernel, "BackendSelect")
+        NOT_EMULATED.append(name)
+
+
+def summary():
+    """Counts for reports and docs."""
+    bases = {base_name(n) for n in DEFINED}
+    impl_bases = {base_name(n) for n in IMPLEMENTED}
+    return {
+        "source_rows": SOURCE_ROWS,
+        "overloads": len(SCHEMAS),
+        "defined": len(DEFINED),
+        "failed": len(FAILED),
+        "base_names": len(bases),
+        "public_base_names": len({base_name(n) for n, v in DEFINED.items() if v[0]}),
+        "emulated_overloads": len(IMPLEMENTED),
+        "emulated_base_names": len(impl_bases),
+        "not_emulated_overloads": len(NOT_EMULATED),
+    }
