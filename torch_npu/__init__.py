@@ -78,6 +78,7 @@ if _os.environ.get("TORCH_NPU_EMU_AUTOGRAD_THREADS", "0") != "1":
 
 from torch_npu import emulator  # noqa: E402,F401
 import torch_npu.op_plugin  # noqa: E402,F401
+import torch_npu.optim  # noqa: E402,F401
 
 if _autoload_saved is None:
     _os.environ.pop("TORCH_DEVICE_BACKEND_AUTOLOAD", None)
