@@ -318,8 +318,8 @@ def not_emulated_text(name):
 def test_not_emulated_op_raises(device):
     q = torch.ones(1, 2, 4, device=device)
     with pytest.raises(NotImplementedError) as info:
-        torch_npu.npu_fusion_attention(q, q, q, 1, "BSH")
-    assert str(info.value) == not_emulated_text("npu_fusion_attention")
+        torch_npu.npu_fusion_attention_v2(q, q, q, 1, "BSH")
+    assert str(info.value) == not_emulated_text("npu_fusion_attention_v2")
     with pytest.raises(NotImplementedError) as info:
         torch_npu.npu_format_cast(q, 29)
     assert str(info.value) == not_emulated_text("npu_format_cast")

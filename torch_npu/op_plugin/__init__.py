@@ -2,7 +2,7 @@
 
 Importing this package (``import torch_npu`` does) defines all custom-op schemas
 in the ``npu`` namespace, registers the emulated implementations (family
-modules ``norm``, ``activation``, ``softmax``, ``rotary``, ``misc``; each a
+modules ``norm``, ``activation``, ``softmax``, ``rotary``, ``misc``, ``attention``; each a
 CompositeImplicitAutograd kernel of ATen ops, so CPU and npu tensors, Meta /
 FakeTensor and autograd all work), gives every other op kernels that raise
 ``NotImplementedError``, and exports ``torch_npu.<op>``, ``torch_npu.__all__``
@@ -13,7 +13,7 @@ from torch_npu.op_plugin import _registry
 
 _registry.define_all()
 
-from torch_npu.op_plugin import activation, misc, norm, rotary, softmax  # noqa: E402,F401  (register kernels)
+from torch_npu.op_plugin import activation, attention, misc, norm, rotary, softmax  # noqa: E402,F401  (register kernels)
 
 _registry.register_not_emulated()
 
