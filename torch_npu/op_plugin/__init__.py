@@ -1,8 +1,8 @@
 """``torch.ops.npu``: the torch_npu 2.13.0 custom-op library on the CPU-emulated NPU.
 
 Importing this package (``import torch_npu`` does) defines all custom-op schemas
-in the ``npu`` namespace, registers the emulated implementations (family
-modules ``norm``, ``activation``, ``softmax``, ``rotary``, ``misc``, ``attention``; each a
+in the ``npu`` namespace, registers the emulated implementations (every public
+module of this package is a family: ``norm``, ``activation``, ``attention``, …; each a
 CompositeImplicitAutograd kernel of ATen ops, so CPU and npu tensors, Meta /
 FakeTensor and autograd all work), gives every other op kernels that raise
 ``NotImplementedError``, and exports ``torch_npu.<op>``, ``torch_npu.__all__``
@@ -13,7 +13,18 @@ from torch_npu.op_plugin import _registry
 
 _registry.define_all()
 
-from torch_npu.op_plugin import activation, attention, misc, norm, rotary, softmax  # noqa: E402,F401  (register kernels)
+def _import_families():
+    """Import every family module (public module names in this package); each
+    registers its kernels at import. Done before the not-emulated stubs so
+    that implemented ops keep their kernels."""
+    import importlib
+    import pkgutil
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        if not info.name.startswith("_"):
+            importlib.import_module(f"{__name__}.{info.name}")
+
+
+_import_families()
 
 _registry.register_not_emulated()
 
