@@ -1,0 +1,321 @@
+"""npu_prompt_flash_attention, npu_incre_flash_attention, npu_fused_infer_attention_score and
+npu_fusion_attention_grad on the CPU-emulated NPU.
+
+Checked against an independent float64 reference written here from the documented formula
+``softmax(Mask(scale * q k^T)) @ v`` (per-head loop over [B, S, N, D] data, key/value head
+``h // (N / N_kv)`` for query head h), its log-sum-exp, and autograd of that reference for
+the explicit backward; CPU and npu inputs; float32/float16; Meta shapes; unsupported arguments.
+"""
+import math
+
+import pytest
+import torch
+
+import torch_npu
+
+DEVICES = ["cpu", "npu"]
+TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 2e-3)}
+
+
+def rand(shape, dtype=torch.float32, device="cpu", seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(shape, generator=g, dtype=torch.float64).to(dtype).to(device)
+
+
+def shape_of(layout, b, s, n, d):
+    return {"BSH": (b, s, n * d), "BSND": (b, s, n, d), "BNSD": (b, n, s, d)}[layout]
+
+
+def to_bsnd(x, layout, n):
+    if layout == "BSH":
+        b, s, h = x.shape
+        return x.reshape(b, s, n, h // n)
+    if layout == "BSND":
+        return x
+    return x.permute(0, 2, 1, 3)
+
+
+def from_bsnd(x, layout):
+    b, s, n, d = x.shape
+    if layout == "BSH":
+        return x.reshape(b, s, n * d)
+    if layout == "BSND":
+        return x
+    return x.permute(0, 2, 1, 3)
+
+
+def ref(q, k, v, n, n_kv, layout, mask=None, scale=1.0, kv_len=None, pse=None):
+    """float64 reference. mask: bool broadcastable to [B, N, S1, S2], True = masked;
+    kv_len: per-batch valid key count. Returns (out in layout, lse [B, N, S1, 1])."""
+    qs, ks, vs = to_bsnd(q.double(), layout, n), to_bsnd(k.double(), layout, n_kv), to_bsnd(v.double(), layout, n_kv)
+    b, s1, _, d = qs.shape
+    s2 = ks.shape[1]
+    out = torch.zeros(b, s1, n, d, dtype=torch.float64)
+    lse = torch.full((b, n, s1, 1), math.inf, dtype=torch.float64)
+    outs = []
+    for bi in range(b):
+        per_head = []
+        for h in range(n):
+            kv = h // (n // n_kv)
+            rows = []
+            for i in range(s1):
+                logits = []
+                keep = []
+                for j in range(s2):
+                    x = qs[bi, i, h] @ ks[bi, j, kv]
+                    if pse is not None:
+                        x = x + pse.double().expand(b, n, s1, s2)[bi, h, i, j]
+                    logits.append(scale * x)
+                    masked = mask is not None and bool(mask.expand(b, n, s1, s2)[bi, h, i, j])
+                    if kv_len is not None and j >= kv_len[bi]:
+                        masked = True
+                    keep.append(not masked)
+                idx = [j for j in range(s2) if keep[j]]
+                if not idx:
+                    rows.append(torch.zeros(d, dtype=torch.float64))
+                    continue
+                xs = torch.stack([logits[j] for j in idx])
+                m = xs.max()
+                w = torch.exp(xs - m)
+                lse[bi, h, i, 0] = (m + torch.log(w.sum())).detach()
+                p = w / w.sum()
+                rows.append(sum(p[t] * vs[bi, j, kv] for t, j in enumerate(idx)))
+            per_head.append(torch.stack(rows))
+        outs.append(torch.stack(per_head, 1))
+    out = torch.stack(outs)
+    return from_bsnd(out, layout), lse
+
+
+def make(layout, b, s1, s2, n, n_kv, d, dtype=torch.float32, device="cpu"):
+    q = rand(shape_of(layout, b, s1, n, d), dtype, device, 1)
+    k = rand(shape_of(layout, b, s2, n_kv, d), dtype, device, 2)
+    v = rand(shape_of(layout, b, s2, n_kv, d), dtype, device, 3)
+    return q, k, v
+
+
+def close(got, want, dtype=torch.float32, device="cpu"):
+    assert got.device.type == device
+    rtol, atol = TOL[dtype]
+    torch.testing.assert_close(got.cpu().double(), want, rtol=rtol, atol=atol)
+
+
+# ------------------------------------------------------------ prompt flash attention
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", ["BSH", "BSND", "BNSD"])
+@pytest.mark.parametrize("n,n_kv", [(4, 4), (4, 2), (6, 1)])
+def test_pfa_layouts_gqa(device, layout, n, n_kv):
+    q, k, v = make(layout, 2, 5, 7, n, n_kv, 8, device=device)
+    out = torch_npu.npu_prompt_flash_attention(q, k, v, num_heads=n, num_key_value_heads=n_kv if n_kv != n else 0,
+                                               scale_value=0.3, input_layout=layout)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    close(out, ref(q.cpu(), k.cpu(), v.cpu(), n, n_kv, layout, scale=0.3)[0], device=device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mshape", ["s1s2", "b_s1s2", "b1s1s2"])
+def test_pfa_mask(device, mshape):
+    b, n, s = 2, 2, 6
+    q, k, v = make("BNSD", b, s, s, n, n, 4, device=device)
+    causal = torch.ones(s, s, dtype=torch.bool).triu(1)
+    rnd = torch.rand(b, s, s, generator=torch.Generator().manual_seed(3)) < 0.4
+    full = causal | rnd
+    full[..., 0] = False
+    m = {"s1s2": causal, "b_s1s2": full, "b1s1s2": full.unsqueeze(1)}[mshape]
+    want = ref(q.cpu(), k.cpu(), v.cpu(), n, n, "BNSD", mask=m if m.dim() == 4 else
+               (m.unsqueeze(1) if m.dim() == 3 else m), scale=0.5)[0]
+    # defaults pre_tokens=INT_MAX, next_tokens=0 with a causal-containing mask: band is a no-op here
+    out = torch_npu.npu_prompt_flash_attention(q, k, v, atten_mask=m.to(device), num_heads=n, scale_value=0.5,
+                                               input_layout="BNSD")
+    close(out, want, device=device)
+    # 0/1 uint8 mask means the same
+    out = torch_npu.npu_prompt_flash_attention(q, k, v, atten_mask=m.to(torch.uint8).to(device), num_heads=n,
+                                               scale_value=0.5, input_layout="BNSD", next_tokens=65535)
+    close(out, want, device=device)
+
+
+def test_pfa_band_and_no_mask_ignores_tokens():
+    q, k, v = make("BSH", 1, 6, 6, 2, 2, 4)
+    # without a mask pre/next tokens are ignored (spec): next_tokens=0 default is *not* causal
+    out = torch_npu.npu_prompt_flash_attention(q, k, v, num_heads=2)
+    close(out, ref(q, k, v, 2, 2, "BSH")[0])
+    # with an (all-False) mask the band -pre <= j - i <= next is applied
+    zero = torch.zeros(6, 6, dtype=torch.bool)
+    out = torch_npu.npu_prompt_flash_attention(q, k, v, atten_mask=zero, num_heads=2, pre_tokens=2, next_tokens=1)
+    i, j = torch.arange(6).unsqueeze(1), torch.arange(6).unsqueeze(0)
+    close(out, ref(q, k, v, 2, 2, "BSH", mask=(j - i > 1) | (i - j > 2))[0])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_pfa_actual_seq_lengths_kv_fp16(device):
+    q, k, v = make("BSH", 2, 3, 6, 4, 2, 8, dtype=torch.float16, device=device)
+    out = torch_npu.npu_prompt_flash_attention(q, k, v, num_heads=4, num_key_value_heads=2, scale_value=0.25,
+                                               actual_seq_lengths_kv=[4, 6])
+    assert out.dtype == torch.float16
+    want = ref(q.cpu(), k.cpu(), v.cpu(), 4, 2, "BSH", scale=0.25, kv_len=[4, 6])[0]
+    close(out, want, torch.float16, device)
+
+
+def test_pfa_unsupported():
+    q, k, v = make("BSH", 1, 2, 2, 1, 1, 4)
+    for kw, word in ((dict(sparse_mode=2), "sparse_mode"), (dict(input_layout="TND"), "input_layout"),
+                     (dict(pse_shift=torch.zeros(1, 1, 2, 2)), "pse_shift"),
+                     (dict(actual_seq_lengths=[2]), "actual_seq_lengths"),
+                     (dict(quant_scale2=torch.ones(1)), "quant_scale2"),
+                     (dict(padding_mask=torch.zeros(2, 2)), "padding_mask")):
+        with pytest.raises(NotImplementedError, match=word):
+            torch_npu.npu_prompt_flash_attention(q, k, v, **kw)
+
+
+# ------------------------------------------------------------ incremental flash attention
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", ["BSH", "BNSD"])
+@pytest.mark.parametrize("n,n_kv", [(4, 4), (8, 2)])
+def test_ifa(device, layout, n, n_kv):
+    b, s2, d = 3, 9, 8
+    q, k, v = make(layout, b, 1, s2, n, n_kv, d, device=device)
+    out = torch_npu.npu_incre_flash_attention(q, k, v, num_heads=n, num_key_value_heads=n_kv, scale_value=0.35,
+                                              input_layout=layout)
+    assert out.shape == q.shape
+    close(out, ref(q.cpu(), k.cpu(), v.cpu(), n, n_kv, layout, scale=0.35)[0], device=device)
+    # actual_seq_lengths limits the valid kv length of each batch
+    lens = [9, 4, 1]
+    out = torch_npu.npu_incre_flash_attention(q, k, v, num_heads=n, num_key_value_heads=n_kv, scale_value=0.35,
+                                              input_layout=layout, actual_seq_lengths=lens)
+    close(out, ref(q.cpu(), k.cpu(), v.cpu(), n, n_kv, layout, scale=0.35, kv_len=lens)[0], device=device)
+    # a [B, 1, 1, S2] mask, combined with actual_seq_lengths
+    m = torch.rand(b, 1, 1, s2, generator=torch.Generator().manual_seed(5)) < 0.3
+    m[..., 0] = False
+    for mm in (m, m.view(b, s2)):
+        out = torch_npu.npu_incre_flash_attention(q, k, v, atten_mask=mm.to(device), num_heads=n,
+                                                  num_key_value_heads=n_kv, scale_value=0.35, input_layout=layout,
+                                                  actual_seq_lengths=lens)
+        close(out, ref(q.cpu(), k.cpu(), v.cpu(), n, n_kv, layout, mask=m, scale=0.35, kv_len=lens)[0],
+              device=device)
+
+
+def test_ifa_fp16_zero_length_and_errors():
+    q, k, v = make("BSH", 2, 1, 5, 2, 2, 4, dtype=torch.float16)
+    out = torch_npu.npu_incre_flash_attention(q, k, v, num_heads=2, actual_seq_lengths=[3, 0])
+    close(out, ref(q, k, v, 2, 2, "BSH", kv_len=[3, 0])[0], torch.float16)
+    assert torch.all(out[1] == 0)
+    with pytest.raises(NotImplementedError, match="block_table"):
+        torch_npu.npu_incre_flash_attention(q, k, v, num_heads=2, block_table=torch.zeros(1, 1, dtype=torch.int32))
+    with pytest.raises(NotImplementedError, match="antiquant_scale"):
+        torch_npu.npu_incre_flash_attention(q, k, v, num_heads=2, antiquant_scale=torch.ones(2))
+    q2 = rand((2, 3, 8))
+    with pytest.raises(RuntimeError, match="decode"):
+        torch_npu.npu_incre_flash_attention(q2, q2, q2, num_heads=2)
+
+
+# ------------------------------------------------------------ fused infer attention score
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", ["BSH", "BSND", "BNSD"])
+def test_fias(device, layout):
+    b, s1, s2, n, n_kv, d = 2, 4, 6, 4, 2, 8
+    q, k, v = make(layout, b, s1, s2, n, n_kv, d, device=device)
+    m = torch.ones(s1, s2, dtype=torch.bool).triu(1 + s2 - s1)  # right-down causal
+    out, lse = torch_npu.npu_fused_infer_attention_score(q, k, v, atten_mask=m.to(device), num_heads=n,
+                                                         num_key_value_heads=n_kv, scale=0.3, input_layout=layout,
+                                                         softmax_lse_flag=True, actual_seq_lengths_kv=[6, 5])
+    want, wlse = ref(q.cpu(), k.cpu(), v.cpu(), n, n_kv, layout, mask=m, scale=0.3, kv_len=[6, 5])
+    close(out, want, device=device)
+    assert lse.shape == (b, n, s1, 1) and lse.dtype == torch.float32
+    close(lse, wlse, device=device)
+    out2, lse2 = torch_npu.npu_fused_infer_attention_score(q, k, v, num_heads=n, num_key_value_heads=n_kv,
+                                                           scale=0.3, input_layout=layout)
+    close(out2, ref(q.cpu(), k.cpu(), v.cpu(), n, n_kv, layout, scale=0.3)[0], device=device)
+    assert lse2.numel() == 0 and lse2.device.type == device
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fias_decode_fp16(device):
+    q, k, v = make("BNSD", 2, 1, 10, 8, 2, 16, dtype=torch.float16, device=device)
+    out, lse = torch_npu.npu_fused_infer_attention_score(q, k, v, num_heads=8, num_key_value_heads=2,
+                                                         scale=0.25, input_layout="BNSD", softmax_lse_flag=True)
+    want, wlse = ref(q.cpu(), k.cpu(), v.cpu(), 8, 2, "BNSD", scale=0.25)
+    assert out.dtype == torch.float16 and lse.dtype == torch.float32
+    close(out, want, torch.float16, device)
+    torch.testing.assert_close(lse.cpu().double(), wlse, rtol=1e-4, atol=1e-4)
+
+
+def test_fias_unsupported():
+    q, k, v = make("BSH", 1, 2, 2, 1, 1, 4)
+    for kw, word in ((dict(sparse_mode=3), "sparse_mode"), (dict(block_table=torch.zeros(1, 1)), "block_table"),
+                     (dict(actual_seq_lengths=[1]), "actual_seq_lengths"), (dict(input_layout="TND"), "TND"),
+                     (dict(antiquant_mode=1), "antiquant_mode"), (dict(query_rope=q), "query_rope")):
+        with pytest.raises(NotImplementedError, match=word):
+            torch_npu.npu_fused_infer_attention_score(q, k, v, **kw)
+
+
+# ------------------------------------------------------------ explicit backward
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout,n,n_kv,use_pse,use_mask", [("BSH", 4, 4, False, False), ("BNSD", 4, 2, True, True),
+                                                             ("BSND", 6, 3, False, True)])
+def test_fa_grad(device, layout, n, n_kv, use_pse, use_mask):
+    b, s1, s2, d = 2, 5, 6, 8
+    q, k, v = make(layout, b, s1, s2, n, n_kv, d, device=device)
+    pse = rand((b, n, s1, s2), device=device, seed=9) if use_pse else None
+    m = None
+    if use_mask:
+        m = torch.rand(b, 1, s1, s2, generator=torch.Generator().manual_seed(4)) < 0.35
+        m[..., 0] = False
+    dy = rand(q.shape, device=device, seed=8)
+    dq, dk, dv, dpse, dsink = torch_npu.npu_fusion_attention_grad(
+        q, k, v, dy, n, layout, pse=pse, atten_mask=None if m is None else m.to(device), scale_value=0.3)
+    rq, rk, rv = (t.cpu().double().requires_grad_() for t in (q, k, v))
+    rp = pse.cpu().double().requires_grad_() if use_pse else None
+    rout = ref(rq, rk, rv, n, n_kv, layout, mask=m, scale=0.3, pse=rp)[0]
+    grads = torch.autograd.grad(rout, [rq, rk, rv] + ([rp] if use_pse else []), dy.cpu().double())
+    for got, want, t in zip((dq, dk, dv), grads, (q, k, v)):
+        assert got.shape == t.shape and got.dtype == t.dtype
+        torch.testing.assert_close(got.cpu().double(), want, rtol=1e-4, atol=1e-4)
+    if use_pse:
+        torch.testing.assert_close(dpse.cpu().double(), grads[3], rtol=1e-4, atol=1e-4)
+    else:
+        assert dpse.numel() == 0
+    assert dsink.numel() == 0 and dq.device.type == device
+
+
+def test_fa_grad_fp16_causal_and_errors():
+    q, k, v = make("BSH", 1, 4, 4, 2, 2, 4, dtype=torch.float16)
+    dy = rand(q.shape, torch.float16, seed=8)
+    dq, dk, dv, _, _ = torch_npu.npu_fusion_attention_grad(q, k, v, dy, 2, "BSH", sparse_mode=2, scale_value=0.5)
+    rq, rk, rv = (t.double().requires_grad_() for t in (q, k, v))
+    rout = ref(rq, rk, rv, 2, 2, "BSH", mask=torch.ones(4, 4, dtype=torch.bool).triu(1), scale=0.5)[0]
+    grads = torch.autograd.grad(rout, [rq, rk, rv], dy.double())
+    for got, want in zip((dq, dk, dv), grads):
+        assert got.dtype == torch.float16
+        torch.testing.assert_close(got.double(), want, rtol=1e-2, atol=1e-2)
+    with pytest.raises(NotImplementedError, match="keep_prob"):
+        torch_npu.npu_fusion_attention_grad(q, k, v, dy, 2, "BSH", keep_prob=0.9)
+    with pytest.raises(NotImplementedError, match="sink"):
+        torch_npu.npu_fusion_attention_grad(q, k, v, dy, 2, "BSH", sink=torch.zeros(2))
+
+
+# ------------------------------------------------------------ meta shapes
+
+
+def test_meta_shapes():
+    meta = dict(device="meta", dtype=torch.float16)
+    q, k = torch.empty(2, 8, 64, **meta), torch.empty(2, 12, 32, **meta)
+    out = torch_npu.npu_prompt_flash_attention(q, k, k, num_heads=4, num_key_value_heads=2)
+    assert out.shape == (2, 8, 64) and out.device.type == "meta"
+    out, lse = torch_npu.npu_fused_infer_attention_score(q, k, k, num_heads=4, num_key_value_heads=2,
+                                                         softmax_lse_flag=True)
+    assert out.shape == (2, 8, 64) and lse.shape == (2, 4, 8, 1) and lse.dtype == torch.float32
+    qd = torch.empty(2, 4, 1, 16, **meta)
+    kd = torch.empty(2, 2, 12, 16, **meta)
+    out = torch_npu.npu_incre_flash_attention(qd, kd, kd, num_heads=4, num_key_value_heads=2, input_layout="BNSD")
+    assert out.shape == (2, 4, 1, 16)
+    qg = torch.empty(2, 8, 64, **meta)
+    dq, dk, dv, dpse, dsink = torch_npu.npu_fusion_attention_grad(qg, qg, qg, qg, 4, "BSH")
+    assert dq.shape == dk.shape == dv.shape == (2, 8, 64) and dq.dtype == torch.float16
+    assert dq.device.type == "meta"
