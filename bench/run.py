@@ -56,8 +56,8 @@ def parse_args(argv=None):
     p.add_argument("--quick", action="store_true", help="short run (~1 min)")
     p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads value (default 2)")
     p.add_argument("--json", metavar="PATH", help="also write results as JSON to PATH")
-    p.add_argument("--only", default="micro,mlp,gpt,conv",
-                   help="comma list of sections: micro,mlp,gpt,conv (default all)")
+    p.add_argument("--only", default="micro,mlp,gpt,gpt_amp,conv",
+                   help="comma list of sections: micro,mlp,gpt,gpt_amp,conv (default all)")
     p.add_argument("--foreach", choices=["default", "on", "off"], default="default",
                    help="optimizer foreach= for BOTH devices; 'default' lets torch pick per "
                         "device (NB: torch picks foreach=True for npu, False for cpu)")
@@ -180,7 +180,7 @@ def run_steps(prof, args, results, sections):
     foreach = {"default": None, "on": True, "off": False}[args.foreach]
     reps = args.step_reps or prof["step_reps"]
     rows = []
-    for key in ("mlp", "gpt", "conv"):
+    for key in ("mlp", "gpt", "gpt_amp", "conv"):
         if key not in sections:
             continue
         rec = {"key": key}
@@ -273,7 +273,7 @@ def run_isolated(prof, args, results, sections):
           "This catches npu side effects that also slow CPU ops in a shared process (section 2 cannot see them).\n")
     rows = []
     steps_by_key = {r["key"]: r for r in results["steps"]}
-    for key in ("mlp", "gpt", "conv"):
+    for key in ("mlp", "gpt", "gpt_amp", "conv"):
         if key not in sections:
             continue
         base = steps_by_key.get(key, {})
@@ -364,7 +364,7 @@ def main(argv=None):
     }
     if "micro" in sections:
         run_micro(prof, args, results)
-    if sections & {"mlp", "gpt", "conv"}:
+    if sections & {"mlp", "gpt", "gpt_amp", "conv"}:
         run_steps(prof, args, results, sections)
         if not args.no_isolated:
             run_isolated(prof, args, results, sections)

@@ -187,12 +187,17 @@ class TrainStep:
     description: str = ""
 
 
-def _make_train_step(model, opt, loss_fn, x, y, autograd_mt=None):
+def _make_train_step(model, opt, loss_fn, x, y, autograd_mt=None, amp_dtype=None):
     """autograd_mt: None keeps torch_npu's setting (backward in the calling
-    thread); True/False force torch.autograd.set_multithreading_enabled."""
+    thread); True/False force torch.autograd.set_multithreading_enabled.
+    amp_dtype: run forward and loss under torch.autocast(<device>, amp_dtype)."""
     def step():
         opt.zero_grad(set_to_none=True)
-        loss = loss_fn(model(x), y)
+        if amp_dtype is None:
+            loss = loss_fn(model(x), y)
+        else:
+            with torch.autocast(x.device.type, dtype=amp_dtype):
+                loss = loss_fn(model(x), y)
         loss.backward()
         opt.step()
         return loss
@@ -211,7 +216,7 @@ BUILD_OPTS = {"autograd_mt": None}
 
 
 def _build(name, target, description, model_fn, opt_fn, loss_fn, x, y, seed=0,
-           devices=("cpu", NPU)):
+           devices=("cpu", NPU), amp_dtype=None):
     """Build the model once on CPU (fixed seed); the npu copy is a deepcopy
     moved to npu.  `devices` may be ("cpu",) for a process that must not
     touch the npu at all (process-isolated baseline)."""
@@ -228,7 +233,8 @@ def _build(name, target, description, model_fn, opt_fn, loss_fn, x, y, seed=0,
     amt = BUILD_OPTS["autograd_mt"]
     return TrainStep(
         name=name, target_ratio=target, description=description,
-        steps={d: _make_train_step(models[d], opts[d], loss_fn, *inputs[d], autograd_mt=amt)
+        steps={d: _make_train_step(models[d], opts[d], loss_fn, *inputs[d], autograd_mt=amt,
+                                   amp_dtype=amp_dtype)
                for d in models},
         models=models,
         optimizers=opts,
@@ -263,6 +269,19 @@ def gpt_block_step(foreach: Optional[bool] = None, devices=("cpu", NPU), batch=8
         F.mse_loss, x, y, devices=devices)
 
 
+def gpt_block_amp_step(foreach: Optional[bool] = None, devices=("cpu", NPU)) -> TrainStep:
+    """The GPT block step under bf16 autocast (CPU autocast vs npu autocast)."""
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(8, 256, 512, generator=g)
+    y = torch.randn(8, 256, 512, generator=g)
+    return _build(
+        "GPT block d512 h8 T256 bs8, AdamW, autocast bf16", 1.05,
+        "as the GPT block, forward+loss under torch.autocast(device, bfloat16)",
+        lambda: GPTBlock(512, 8),
+        lambda p: torch.optim.AdamW(p, lr=1e-4, **_foreach_kw(foreach)),
+        F.mse_loss, x, y, devices=devices, amp_dtype=torch.bfloat16)
+
+
 def convnet_step(foreach: Optional[bool] = None, devices=("cpu", NPU)) -> TrainStep:
     g = torch.Generator().manual_seed(3)
     x = torch.randn(32, 3, 32, 32, generator=g)
@@ -278,6 +297,7 @@ def convnet_step(foreach: Optional[bool] = None, devices=("cpu", NPU)) -> TrainS
 TRAIN_STEPS = {
     "mlp": mlp_step,
     "gpt": gpt_block_step,
+    "gpt_amp": gpt_block_amp_step,
     "conv": convnet_step,
 }
 
