@@ -29,6 +29,7 @@ __all__ = [
     "get_rng_state_all", "set_rng_state_all", "get_amp_supported_dtype", "is_autocast_enabled",
     "is_bf16_supported", "set_autocast_enabled", "get_autocast_dtype", "set_autocast_dtype",
     "current_blas_handle", "SyncLaunchStream", "ExternalEvent", "ipc_collect",
+    "get_npu_overflow_flag", "clear_npu_overflow_flag",
 ]
 
 default_generators: Tuple[torch._C.Generator] = ()  # type: ignore[assignment]
@@ -162,3 +163,5 @@ from .memory import *  # noqa: E402,F403
 from .random import *  # noqa: E402,F403
 from .autocast_utils import *  # noqa: E402,F403
 from . import _utils  # noqa: E402
+from ._overflow import get_npu_overflow_flag, clear_npu_overflow_flag  # noqa: E402,F401
+from . import amp  # noqa: E402,F401

@@ -231,3 +231,9 @@ def current_stream(device=None):
 def default_stream(device=None):
     torch_npu.npu._lazy_init()
     return _stream_from_tuple(torch_npu._C._npu_getDefaultStream(_get_device_index(device, optional=True)))
+
+
+# The overflow helpers live in _overflow.py; torch_npu keeps them reachable here.
+from ._overflow import (  # noqa: E402,F401
+    is_support_inf_nan, npu_check_overflow, get_npu_overflow_flag, clear_npu_overflow_flag,
+)
