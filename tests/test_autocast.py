@@ -209,3 +209,19 @@ def test_tiny_gpt_amp_training_tracks_cpu_autocast(dtype):
     assert npu[-1] < npu[0] * 0.9
     tol = 1e-3  # measured: identical trajectories today; CPU autocast uses its own cast lists
     torch.testing.assert_close(npu, cpu, rtol=tol, atol=tol)
+
+
+def _count_casts(cache_enabled):
+    w = torch.randn(8, 8, device="npu", requires_grad=True)
+    x = torch.randn(4, 8, device="npu")
+    with torch.profiler.profile() as prof:
+        with torch.autocast("npu", dtype=torch.float16, cache_enabled=cache_enabled):
+            for _ in range(3):
+                F.linear(x, w)
+    return sum(e.count for e in prof.key_averages() if e.key == "aten::_to_copy")
+
+
+def test_weight_casts_are_cached_as_on_cuda():
+    # x is cast on every call; the leaf weight only once while the cache is on
+    assert _count_casts(True) == 3 + 1
+    assert _count_casts(False) == 3 + 3
