@@ -148,3 +148,13 @@ def test_native_ops_do_not_fall_back():
     loss = m(torch.randn(4, 8).npu()).sum() + torch.nn.functional.scaled_dot_product_attention(q, q, q).sum()
     loss.backward()
     assert torch_npu.emulator.fallback_report() == []
+
+
+def test_fallback_ops_check_devices_and_generators_like_native_ones():
+    a = torch.randn(4).npu()
+    with pytest.raises(RuntimeError, match=re.escape(
+            "Expected all tensors to be on the same device, but found at least two devices, npu:0 and cpu! "
+            "(when checking argument for argument other in method wrapper_NPU__fmax_out)")):
+        torch.fmax(a, torch.randn(4), out=torch.empty(4, device="npu"))
+    with pytest.raises(RuntimeError, match="Expected a 'npu' device type for generator but found 'cpu'"):
+        torch.poisson(torch.full((4,), 2.0).npu(), generator=torch.Generator())

@@ -120,47 +120,32 @@ c10::OperatorHandle find_op(const char* name, const char* overload) {
   return c10::Dispatcher::singleton().findSchemaOrThrow(name, overload);
 }
 
-void npu_cpu_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
-  const auto& schema = op.schema();
-  const auto& args = schema.arguments();
+int prepare_cpu_call(const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                     c10::function_ref<at::Tensor(const at::Tensor&, const c10::Argument&)> to_cpu) {
+  const auto& args = op.schema().arguments();
   const size_t nargs = args.size();
   const size_t base = stack->size() - nargs;
-
-  c10::SmallVector<AliasEntry, 8> aliases;
-  c10::SmallVector<AliasStorage, 8> alias_storages;
   DeviceTracker tracker{op, accepts_cpu_indices(op.operator_name())};
   int gen_arg = -1;
   int64_t first_numel = -1;
 
-  auto alias_of = [&](const at::Tensor& t, const c10::Argument& arg) -> at::Tensor {
+  auto convert = [&](const at::Tensor& t, const c10::Argument& arg) -> at::Tensor {
     tracker.see(t, arg);
     if (t.device().type() != c10::DeviceType::PrivateUse1) return t;
     if (first_numel < 0) first_numel = t.numel();
-    c10::StorageImpl* npu_storage = t.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
-    c10::Storage shared;
-    for (auto& as : alias_storages) {
-      if (as.npu == npu_storage) shared = as.alias;
-    }
-    if (!shared) {
-      shared = alias_storage(t.unsafeGetTensorImpl()->unsafe_storage());
-      alias_storages.push_back({npu_storage, shared});
-    }
-    at::Tensor a = cpu_alias(t, std::move(shared));
-    bool written = arg.alias_info() != nullptr && arg.alias_info()->isWrite();
-    aliases.push_back({t, a, written});
-    return a;
+    return to_cpu(t, arg);
   };
 
   for (size_t i = 0; i < nargs; ++i) {
     c10::IValue& iv = (*stack)[base + i];
     if (iv.isTensor()) {
       const at::Tensor& t = iv.toTensor();
-      if (t.defined()) iv = alias_of(t, args[i]);
+      if (t.defined()) iv = convert(t, args[i]);
     } else if (iv.isTensorList()) {
       auto list = iv.toTensorList();
       c10::List<at::Tensor> out;
       out.reserve(list.size());
-      for (const at::Tensor& t : list) out.push_back(t.defined() ? alias_of(t, args[i]) : t);
+      for (const at::Tensor& t : list) out.push_back(t.defined() ? convert(t, args[i]) : t);
       iv = std::move(out);
     } else if (iv.isList() && iv.toListRef().size() > 0 && (iv.toListRef()[0].isTensor() || iv.toListRef()[0].isNone())) {
       // Tensor?[] (e.g. index's indices)
@@ -169,7 +154,7 @@ void npu_cpu_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::j
       out.reserve(list.size());
       for (std::optional<at::Tensor> t : list) {
         if (t.has_value() && t->defined()) {
-          out.push_back(alias_of(*t, args[i]));
+          out.push_back(convert(*t, args[i]));
         } else {
           out.push_back(std::move(t));
         }
@@ -196,6 +181,29 @@ void npu_cpu_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::j
                 "Expected a 'npu' device type for generator but found '", gen.device().type(), "'");
     iv = gen.get<NPUGeneratorImpl>()->engine_for_op(first_numel);
   }
+  return device;
+}
+
+void npu_cpu_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  c10::SmallVector<AliasEntry, 8> aliases;
+  c10::SmallVector<AliasStorage, 8> alias_storages;
+
+  const int device = prepare_cpu_call(op, stack, [&](const at::Tensor& t, const c10::Argument& arg) -> at::Tensor {
+    // Aliases of one npu storage share one CPU storage (overlap checks).
+    c10::StorageImpl* npu_storage = t.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
+    c10::Storage shared;
+    for (auto& as : alias_storages) {
+      if (as.npu == npu_storage) shared = as.alias;
+    }
+    if (!shared) {
+      shared = alias_storage(t.unsafeGetTensorImpl()->unsafe_storage());
+      alias_storages.push_back({npu_storage, shared});
+    }
+    at::Tensor a = cpu_alias(t, std::move(shared));
+    bool written = arg.alias_info() != nullptr && arg.alias_info()->isWrite();
+    aliases.push_back({t, a, written});
+    return a;
+  });
 
   {
     KernelScope scope(op, device);
@@ -252,7 +260,7 @@ void npu_cpu_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::j
     return npu_tensor_like(std::move(npu), r);
   };
 
-  const size_t nret = schema.returns().size();
+  const size_t nret = op.schema().returns().size();
   for (size_t i = stack->size() - nret; i < stack->size(); ++i) {
     c10::IValue& iv = (*stack)[i];
     if (iv.isTensor()) {

@@ -19,8 +19,6 @@
 #include "aten/OpExecution.h"
 #include "core/NPUCachingAllocator.h"
 #include "core/NPUException.h"
-#include "core/NPUGenerator.h"
-#include "runtime/AclRuntime.h"
 
 namespace torch_npu::exec {
 namespace {
@@ -57,8 +55,6 @@ void warn_once(const std::string& name) {
       false));
 }
 
-bool is_npu(const at::Tensor& t) { return t.defined() && t.device().type() == c10::DeviceType::PrivateUse1; }
-
 struct Moved {
   at::Tensor npu;
   at::Tensor cpu;
@@ -76,55 +72,16 @@ void emulated_cpu_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, t
               OPS_ERROR(ErrCode::NOT_SUPPORT));
   warn_once(name);
 
-  const auto& args = op.schema().arguments();
-  const size_t base = stack->size() - args.size();
-  int device = -1;
   int64_t to_cpu = 0, to_npu = 0;
   c10::SmallVector<Moved, 8> moved;
-  int64_t first_numel = -1;
 
-  // Real copies to host memory (a plain CPU tensor, not an alias).
-  auto to_host = [&](const at::Tensor& t, const c10::Argument& arg) -> at::Tensor {
-    if (!is_npu(t)) return t;
-    if (device < 0) device = t.device().index();
-    if (first_numel < 0) first_numel = t.numel();
+  // Real copies to host memory (plain CPU tensors, not aliases).
+  const int device = prepare_cpu_call(op, stack, [&](const at::Tensor& t, const c10::Argument& arg) -> at::Tensor {
     at::Tensor host = cpu_alias(t).clone(at::MemoryFormat::Preserve);
     to_cpu += static_cast<int64_t>(t.numel() * t.element_size());
     moved.push_back({t, host, arg.alias_info() != nullptr && arg.alias_info()->isWrite()});
     return host;
-  };
-
-  int gen_arg = -1;
-  for (size_t i = 0; i < args.size(); ++i) {
-    c10::IValue& iv = (*stack)[base + i];
-    if (iv.isTensor()) {
-      iv = to_host(iv.toTensor(), args[i]);
-    } else if (iv.isTensorList()) {
-      c10::List<at::Tensor> out;
-      for (const at::Tensor& t : iv.toTensorList()) out.push_back(to_host(t, args[i]));
-      iv = std::move(out);
-    } else if (iv.isList() && iv.toListRef().size() > 0 &&
-               (iv.toListRef()[0].isTensor() || iv.toListRef()[0].isNone())) {
-      c10::List<std::optional<at::Tensor>> out;
-      for (std::optional<at::Tensor> t : iv.toOptionalTensorList()) {
-        out.push_back(t.has_value() ? std::optional<at::Tensor>(to_host(*t, args[i])) : t);
-      }
-      iv = std::move(out);
-    } else if (iv.isDevice() && iv.toDevice().type() == c10::DeviceType::PrivateUse1) {
-      if (device < 0 && iv.toDevice().has_index()) device = iv.toDevice().index();
-      iv = c10::IValue(at::Device(c10::DeviceType::CPU));
-    } else if (iv.isGenerator() || (iv.isNone() && args[i].type()->kind() == c10::TypeKind::OptionalType &&
-                                    args[i].type()->castRaw<c10::OptionalType>()->getElementType()->kind() ==
-                                        c10::TypeKind::GeneratorType)) {
-      gen_arg = static_cast<int>(i);
-    }
-  }
-  if (device < 0) device = acl_emu::current_device_or_default();
-  if (gen_arg >= 0) {
-    c10::IValue& iv = (*stack)[base + gen_arg];
-    at::Generator gen = iv.isGenerator() ? iv.toGenerator() : default_generator(static_cast<c10::DeviceIndex>(device));
-    if (gen.device().type() == c10::DeviceType::PrivateUse1) iv = gen.get<NPUGeneratorImpl>()->engine_for_op(first_numel);
-  }
+  });
 
   {
     // The kernel runs on host memory: no device-memory scope.

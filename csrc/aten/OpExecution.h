@@ -8,6 +8,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
+#include <c10/util/FunctionRef.h>
 
 #include <string>
 #include <unordered_set>
@@ -45,6 +46,14 @@ at::Tensor adopt_result(const at::Tensor& cpu_result, int device);
 // tensor over a storage with another tensor's sizes, strides and offset.
 c10::Storage adopt_storage(c10::StorageImpl* cpu_storage, int device);
 at::Tensor npu_tensor_like(c10::Storage storage, const at::Tensor& geometry);
+
+// Prepares a boxed call's arguments for a CPU kernel, for both boxed npu
+// kernels (zero-copy and emulated fallback): checks devices as torch_npu
+// does, replaces each npu tensor by to_cpu(tensor, argument), npu devices by
+// cpu, and the generator by a CPU engine drawn from the npu generator.
+// Returns the npu device index of the call.
+int prepare_cpu_call(const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                     c10::function_ref<at::Tensor(const at::Tensor&, const c10::Argument&)> to_cpu);
 
 // The boxed kernel used for every ATen op without a dedicated npu kernel.
 void npu_cpu_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack);

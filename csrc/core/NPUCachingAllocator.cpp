@@ -174,7 +174,7 @@ class Allocator {
     auto& pool = small ? ds.small_free : ds.large_free;
     Block* b = find_free(pool, rounded);
     if (b == nullptr) {
-      maybe_collect(ds, device);
+      maybe_collect(ds);
       b = new_segment(ds, device, rounded, small, size);
     }
     b = split(ds, b, rounded);
@@ -470,10 +470,9 @@ class Allocator {
     }
   }
 
-  void maybe_collect(DeviceState& ds, int device) {
+  void maybe_collect(DeviceState& ds) {
     if (conf_.gc_threshold <= 0) return;
     if (ds.reserved > conf_.gc_threshold * limit(ds)) release_cached(ds);
-    (void)device;
   }
 
   std::mutex mu_;
@@ -547,6 +546,7 @@ void* raw_alloc(size_t nbytes, int device) {
 }
 void raw_delete(void* ptr) { free_fn(ptr); }
 
+void init() { instance(); }
 void empty_cache() { instance().empty_cache(); }
 DeviceStats stats(int device) { return instance().stats(device); }
 void reset_accumulated_stats(int device) { instance().reset_accumulated(device); }

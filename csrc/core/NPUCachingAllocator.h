@@ -59,6 +59,8 @@ void set_memory_fraction(double fraction, int device);
 double get_memory_fraction(int device);
 // (free, total) as the driver sees it.
 std::pair<uint64_t, uint64_t> mem_get_info(int device);
+// Creates the allocator, which parses PYTORCH_NPU_ALLOC_CONF (raises on a bad key).
+void init();
 // Parsed PYTORCH_NPU_ALLOC_CONF as "key:value" pairs (for diagnostics).
 std::string config_string();
 

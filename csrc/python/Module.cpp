@@ -153,10 +153,7 @@ PYBIND11_MODULE(_C, m) {
     return out;
   });
   m.def("_emu_reset_fallback_report", [] { torch_npu::exec::reset_fallback_stats(); });
-  m.def("_npu_init", [] {
-    // Validates PYTORCH_NPU_ALLOC_CONF (raises on a bad key).
-    torch_npu::allocator::stats(0 < acl_emu::config().visible.size() ? 0 : 0);
-  });
+  m.def("_npu_init", [] { torch_npu::allocator::init(); });
   // At exit: run one tiny C++-only backward per device. Each autograd
   // device thread then drops its reference to the user's last GraphTask
   // (whose outputs are Python objects) before Python finalizes; the task it

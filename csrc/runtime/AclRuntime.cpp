@@ -144,7 +144,6 @@ int64_t stream_create(int32_t device, int /*priority*/) {
   return state().streams[device]++;
 }
 
-int64_t stream_count(int32_t device) { return state().streams[device].load(); }
 
 double now_us() {
   using namespace std::chrono;

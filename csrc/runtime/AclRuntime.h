@@ -15,7 +15,6 @@ namespace acl_emu {
 // AscendCL-style status codes (subset).
 using aclError = int;
 constexpr aclError ACL_SUCCESS = 0;
-constexpr aclError ACL_ERROR_INVALID_PARAM = 100000;
 constexpr aclError ACL_ERROR_RT_INVALID_DEVICEID = 107001;
 constexpr aclError ACL_ERROR_RT_MEMORY_ALLOCATION = 207001;
 
@@ -50,7 +49,6 @@ uint64_t driver_used_bytes(int32_t device);
 // Streams: ids are per device; 0 is the default stream. Execution is
 // synchronous, so a stream only carries identity and ordering bookkeeping.
 int64_t stream_create(int32_t device, int priority);
-int64_t stream_count(int32_t device);
 
 // Events record a host timestamp (microseconds) when recorded on a stream.
 double now_us();
