@@ -6,7 +6,6 @@ laid out like ``torch.cuda``. Runtime initialisation is lazy, as on hardware.
 import os
 import threading
 import traceback
-from multiprocessing.util import register_after_fork as _register_after_fork
 from typing import List, Optional, Tuple, Union
 
 import torch
@@ -106,9 +105,8 @@ def _after_fork(arg):
         torch_npu._C._npu_set_run_yet_variable_to_false()
 
 
-_register_after_fork(_after_fork, _after_fork)
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=lambda: _after_fork(None))
+# Every fork (os.fork and multiprocessing alike) marks the child.
+os.register_at_fork(after_in_child=lambda: _after_fork(None))
 
 
 def _parse_visible_devices() -> List[int]:

@@ -16,7 +16,6 @@ __all__ = ["get_rng_state", "get_rng_state_all", "set_rng_state", "set_rng_state
 
 
 def _device_index(device):
-    from .utils import _get_device_index
     if isinstance(device, str):
         device = torch.device(device)
     elif isinstance(device, int):

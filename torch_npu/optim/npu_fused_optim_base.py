@@ -120,15 +120,7 @@ class NpuFusedOptimizerBase(Optimizer):
     def __init__(self, params, default):
         super().__init__(params, default)
         self.is_fused_optimizer = True
-        self.is_params_grads_combined = False
-        self.is_states_combined = False
-        self.is_grads_masks_combined = False
-        self._buckets = []
-        self._slots = []
-        self._segments = []
-        self._signature = None
-        self._expected_ptrs = []
-        self._owned_grads = {}
+        self._invalidate()
         self.combined_params_indexed_by_group = None
         self.combined_grads_indexed_by_group = None
         self.combined_param_states_indexed_by_group = None

@@ -4,6 +4,20 @@ from .npu_fused_optim_base import NpuFusedOptimizerBase
 __all__ = ["NpuFusedRMSprop"]
 
 
+def _check_rmsprop_args(lr, alpha, eps, weight_decay, momentum):
+    """Argument checks shared by NpuFusedRMSprop and NpuFusedRMSpropTF."""
+    if lr < 0.0:
+        raise ValueError("Invalid learning rate: {}".format(lr) + pta_error(ErrCode.VALUE))
+    if eps < 0.0:
+        raise ValueError("Invalid epsilon value: {}".format(eps) + pta_error(ErrCode.VALUE))
+    if momentum < 0.0:
+        raise ValueError("Invalid momentum value: {}".format(momentum) + pta_error(ErrCode.VALUE))
+    if weight_decay < 0.0:
+        raise ValueError("Invalid weight_decay value: {}".format(weight_decay) + pta_error(ErrCode.VALUE))
+    if alpha < 0.0:
+        raise ValueError("Invalid alpha value: {}".format(alpha) + pta_error(ErrCode.VALUE))
+
+
 class NpuFusedRMSprop(NpuFusedOptimizerBase):
     r"""Implements the RMSprop algorithm (same math as :class:`torch.optim.RMSprop`)
     on combined (flat) parameter / gradient / state buffers.
@@ -25,16 +39,7 @@ class NpuFusedRMSprop(NpuFusedOptimizerBase):
     """
 
     def __init__(self, params, lr=1e-2, alpha=0.99, eps=1e-8, weight_decay=0, momentum=0, centered=False):
-        if lr < 0.0:
-            raise ValueError("Invalid learning rate: {}".format(lr) + pta_error(ErrCode.VALUE))
-        if eps < 0.0:
-            raise ValueError("Invalid epsilon value: {}".format(eps) + pta_error(ErrCode.VALUE))
-        if momentum < 0.0:
-            raise ValueError("Invalid momentum value: {}".format(momentum) + pta_error(ErrCode.VALUE))
-        if weight_decay < 0.0:
-            raise ValueError("Invalid weight_decay value: {}".format(weight_decay) + pta_error(ErrCode.VALUE))
-        if alpha < 0.0:
-            raise ValueError("Invalid alpha value: {}".format(alpha) + pta_error(ErrCode.VALUE))
+        _check_rmsprop_args(lr, alpha, eps, weight_decay, momentum)
         defaults = dict(lr=lr, momentum=momentum, alpha=alpha, eps=eps, centered=centered,
                         weight_decay=weight_decay)
         super().__init__(params, defaults)

@@ -1,5 +1,6 @@
 from torch_npu.utils._error_code import ErrCode, pta_error
 from .npu_fused_optim_base import NpuFusedOptimizerBase
+from .npu_fused_rmsprop import _check_rmsprop_args
 
 __all__ = ["NpuFusedRMSpropTF"]
 
@@ -33,16 +34,7 @@ class NpuFusedRMSpropTF(NpuFusedOptimizerBase):
 
     def __init__(self, params, lr=1e-2, alpha=0.9, eps=1e-10, weight_decay=0, momentum=0., centered=False,
                  decoupled_decay=False, lr_in_momentum=True):
-        if lr < 0.0:
-            raise ValueError("Invalid learning rate: {}".format(lr) + pta_error(ErrCode.VALUE))
-        if eps < 0.0:
-            raise ValueError("Invalid epsilon value: {}".format(eps) + pta_error(ErrCode.VALUE))
-        if momentum < 0.0:
-            raise ValueError("Invalid momentum value: {}".format(momentum) + pta_error(ErrCode.VALUE))
-        if weight_decay < 0.0:
-            raise ValueError("Invalid weight_decay value: {}".format(weight_decay) + pta_error(ErrCode.VALUE))
-        if alpha < 0.0:
-            raise ValueError("Invalid alpha value: {}".format(alpha) + pta_error(ErrCode.VALUE))
+        _check_rmsprop_args(lr, alpha, eps, weight_decay, momentum)
         defaults = dict(lr=lr, momentum=momentum, alpha=alpha, eps=eps, centered=centered,
                         weight_decay=weight_decay, decoupled_decay=decoupled_decay,
                         lr_in_momentum=lr_in_momentum)
