@@ -24,7 +24,7 @@ setup(
     python_requires=">=3.9",
     packages=find_packages(include=["torch_npu", "torch_npu.*"]),
     package_data={"torch_npu": ["_data/*.txt"]},
-    install_requires=["torch==2.13.0", "numpy", "pyyaml"],
+    install_requires=["torch==2.13.0", "numpy", "pyyaml", "click"],
     ext_modules=[
         CppExtension(
             name="torch_npu._C",
