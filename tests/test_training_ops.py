@@ -331,3 +331,44 @@ def test_dropout_statistics_reproducibility_autograd():
         torch_npu._npu_dropout(xs, 1.5)
     with pytest.raises(RuntimeError, match="bytes"):
         torch_npu.npu_dropout_backward(gy, mask[:-16], 0.4)
+
+
+# ------------------------------------------------------------------ npu_dropout_gen_mask
+
+
+def _unpack_bits(mask, numel):
+    """Reference unpacking written from the format: element i is bit i % 8 (LSB first) of byte i // 8."""
+    bytes_ = mask.cpu().tolist()
+    return [(bytes_[i // 8] >> (i % 8)) & 1 for i in range(numel)]
+
+
+@pytest.mark.parametrize("size", [[300], [3, 5, 7], [128], [0]])
+def test_dropout_gen_mask_format_and_same_draws_as_dropout(size):
+    numel = math.prod(size)
+    torch.npu.manual_seed(11)
+    mask = torch_npu.npu_dropout_gen_mask(size, 0.3, dtype=torch.float16)
+    assert mask.dtype == torch.uint8 and mask.device.type == "npu"
+    assert mask.shape == ((numel + 127) // 128 * 16,)
+    bits = _unpack_bits(mask, mask.numel() * 8)
+    assert all(b == 0 for b in bits[numel:])  # padding bits are zero
+    # Same seed, same tensor size: _npu_dropout draws the same mask from the npu generator.
+    torch.npu.manual_seed(11)
+    x = torch.ones(size, device="npu")
+    out, mask2 = torch_npu._npu_dropout(x, 0.3)
+    assert torch.equal(mask.cpu(), mask2.cpu())
+    kept = bits[:numel]
+    assert out.cpu().reshape(-1).tolist() == pytest.approx([k / 0.7 for k in kept])
+
+
+def test_dropout_gen_mask_statistics_and_edges():
+    torch.npu.manual_seed(5)
+    n = 128 * 200
+    bits = _unpack_bits(torch_npu.npu_dropout_gen_mask([n], 0.25), n)
+    rate = sum(bits) / n
+    assert abs(rate - 0.75) < 4 * math.sqrt(0.75 * 0.25 / n)
+    assert set(_unpack_bits(torch_npu.npu_dropout_gen_mask([100], 0.0), 100)) == {1}
+    assert set(_unpack_bits(torch_npu.npu_dropout_gen_mask([100], 1.0), 100)) == {0}
+    cpu_mask = torch_npu.npu_dropout_gen_mask([10], 0.5, device="cpu")
+    assert cpu_mask.device.type == "cpu" and cpu_mask.shape == (16,)
+    with pytest.raises(NotImplementedError, match="p=1.5"):
+        torch_npu.npu_dropout_gen_mask([4], 1.5)

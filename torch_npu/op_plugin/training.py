@@ -340,3 +340,22 @@ def npu_dropout_do_mask(self, mask, p):
     _check_p(op, p)
     keep = _unpack(op, mask, self.numel())
     return _apply_mask(self, keep, p), mask.clone()
+
+
+@impl("npu_dropout_gen_mask")
+def npu_dropout_gen_mask(size, p, *, dtype=None, layout=None, device=None, pin_memory=None):
+    """Keep mask of a dropout over a tensor of shape ``size``, without applying it: the
+    bit-packed uint8 mask of :func:`_npu_dropout` (element i kept with probability
+    ``1 - p``, bit ``i % 8`` of byte ``i // 8``, ``ceil(numel / 128) * 16`` bytes).
+    Draws from the generator of ``device`` (the current npu device when None), so the same
+    seed gives the same mask as ``_npu_dropout`` on a tensor of that shape.
+    ``dtype``/``layout``/``pin_memory`` describe the tensor the mask is for; the mask is uint8."""
+    op = "npu_dropout_gen_mask"
+    _check_p(op, p)
+    if device is None:
+        device = torch.device("npu", torch.npu.current_device())
+    numel = 1
+    for s in size:
+        check(s >= 0, op, "size %s has a negative dim" % (list(size),))
+        numel *= s
+    return _pack(_gen_keep(numel, p, device))

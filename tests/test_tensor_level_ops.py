@@ -1,0 +1,152 @@
+"""npu_pad, npu_indexing, npu_conv3d, npu_sim_exponential_, npu_prefetch,
+empty_with_swapped_memory (torch_npu/op_plugin/tensor_ops.py) against references written here."""
+import math
+
+import pytest
+import torch
+
+import torch_npu
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+DEVICES = ["cpu", "npu"]
+
+
+def test_pad_doc_example_and_reference():
+    x = torch.tensor([[20, 20, 10, 10]], dtype=torch.float16).npu()
+    out = torch_npu.npu_pad(x, [1, 1, 1, 1])
+    assert out.dtype == torch.float16 and out.device.type == "npu"
+    assert out.cpu().tolist() == [[0] * 6, [0, 20, 20, 10, 10, 0], [0] * 6]
+    y = torch.arange(24.).reshape(2, 3, 4)
+    out = torch_npu.npu_pad(y, [0, 1, 2, 0, 1, 3])
+    exp = torch.zeros(3, 5, 8)
+    exp[0:2, 2:5, 1:5] = y
+    assert torch.equal(out, exp)
+
+
+def test_pad_grad_meta_errors():
+    x = torch.randn(2, 3, dtype=torch.float64, requires_grad=True)
+    torch.autograd.gradcheck(lambda t: torch_npu.npu_pad(t, [1, 0, 2, 1]), (x,))
+    assert torch_npu.npu_pad(torch.empty(2, 3, device="meta"), [1, 0, 2, 1]).shape == (3, 6)
+    with pytest.raises(RuntimeError, match="pair per dim"):
+        torch_npu.npu_pad(x, [1, 1, 1])
+
+
+def ref_strided_slice(x, spec):
+    """Reference: build the Python index expression the masks describe."""
+    return x[spec]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_indexing_doc_example_and_masks(device):
+    x = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]], dtype=torch.int32).to(device)
+    assert torch_npu.npu_indexing(x, [0, 0], [2, 2], [1, 1]).cpu().tolist() == [[1, 2], [5, 6]]
+    t = torch.arange(2 * 3 * 4 * 5).reshape(2, 3, 4, 5).to(device)
+    cases = [
+        # (begin, end, strides, masks dict, python index)
+        ([0, 1, 3], [2, 3, 0], [1, 1, -2], {}, (slice(0, 2), slice(1, 3), slice(3, 0, -2))),
+        ([1, 0], [0, 2], [1, 2], {"begin_mask": 0b10, "end_mask": 0b01}, (slice(1, None), slice(None, 2, 2))),
+        ([1, 0, -1], [2, 0, 0], [1, 1, 1], {"ellipsis_mask": 0b010, "shrink_axis_mask": 0b101},
+         (1, Ellipsis, -1)),
+        ([0, 0, 1], [1, 0, 3], [1, 1, 1], {"new_axis_mask": 0b010, "shrink_axis_mask": 0b001},
+         (0, None, slice(1, 3))),
+        ([-3, 0], [100, -1], [1, 1], {}, (slice(-3, 100), slice(0, -1))),
+    ]
+    for begin, end, strides, masks, index in cases:
+        out = torch_npu.npu_indexing(t, begin, end, strides, **masks)
+        exp = t.cpu().numpy()[index]  # numpy supports negative steps
+        assert out.shape == exp.shape, (begin, masks)
+        assert out.cpu().numpy().tolist() == exp.tolist(), (begin, masks)
+        o = torch.empty(0, dtype=t.dtype, device=device)
+        assert torch_npu.npu_indexing(t, begin, end, strides, **masks, out=o) is o
+        assert o.cpu().numpy().tolist() == exp.tolist()
+
+
+def test_indexing_grad_and_fake():
+    x = torch.randn(4, 5, dtype=torch.float64, requires_grad=True)
+    torch.autograd.gradcheck(lambda t: torch_npu.npu_indexing(t, [3, 0], [0, 5], [-1, 2]), (x,))
+    with FakeTensorMode():
+        f = torch.empty(4, 5, device="npu")
+        assert torch_npu.npu_indexing(f, [0, 1], [4, 5], [2, 2]).shape == (2, 2)
+
+
+def ref_conv3d(x, w, b, stride, padding, dilation, groups):
+    """Direct sum over kernel offsets of the zero-padded input."""
+    n, c, *sp = x.shape
+    o, cg, *k = w.shape
+    xp = torch.zeros(n, c, *[s + 2 * p for s, p in zip(sp, padding)], dtype=x.dtype)
+    xp[:, :, padding[0]:padding[0] + sp[0], padding[1]:padding[1] + sp[1], padding[2]:padding[2] + sp[2]] = x
+    osz = [(s + 2 * p - d * (kk - 1) - 1) // st + 1 for s, p, d, kk, st in zip(sp, padding, dilation, k, stride)]
+    out = torch.zeros(n, o, *osz, dtype=x.dtype)
+    og = o // groups
+    for g in range(groups):
+        for kd in range(k[0]):
+            for kh in range(k[1]):
+                for kw in range(k[2]):
+                    win = xp[:, g * cg:(g + 1) * cg,
+                             kd * dilation[0]: kd * dilation[0] + stride[0] * (osz[0] - 1) + 1: stride[0],
+                             kh * dilation[1]: kh * dilation[1] + stride[1] * (osz[1] - 1) + 1: stride[1],
+                             kw * dilation[2]: kw * dilation[2] + stride[2] * (osz[2] - 1) + 1: stride[2]]
+                    wk = w[g * og:(g + 1) * og, :, kd, kh, kw]  # (og, cg)
+                    out[:, g * og:(g + 1) * og] += torch.einsum("ncdhw,oc->nodhw", win, wk)
+    return out + b.view(1, -1, 1, 1, 1) if b is not None else out
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.float16, 2e-2), (torch.bfloat16, 8e-2)])
+def test_conv3d(device, dtype, tol):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 4, 5, 6, 5, generator=g, dtype=torch.float64)
+    w = torch.randn(6, 2, 2, 3, 2, generator=g, dtype=torch.float64) * 0.3
+    b = torch.randn(6, generator=g, dtype=torch.float64)
+    args = ([1, 2, 1], [1, 0, 1], [1, 1, 2], 2)
+    q = lambda t: t.to(dtype)
+    out = torch_npu.npu_conv3d(q(x).to(device), q(w).to(device), q(b).to(device), *args)
+    exp = ref_conv3d(q(x).double(), q(w).double(), q(b).double(), *args)
+    assert out.dtype == dtype and out.device.type == device
+    torch.testing.assert_close(out.cpu().double(), exp, rtol=tol, atol=tol * 4)
+    o = torch.empty(0, dtype=dtype, device=device)
+    assert torch_npu.npu_conv3d(q(x).to(device), q(w).to(device), None, *args, out=o) is o
+    torch.testing.assert_close(o.cpu().double(), exp - q(b).double().view(1, -1, 1, 1, 1), rtol=tol, atol=tol * 4)
+
+
+def test_conv3d_grad_and_meta():
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(1, 2, 3, 3, 3, generator=g, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(2, 2, 2, 2, 2, generator=g, dtype=torch.float64, requires_grad=True)
+    torch.autograd.gradcheck(lambda a, b: torch_npu.npu_conv3d(a, b, None, [1, 1, 1], [0, 0, 0], [1, 1, 1], 1), (x, w))
+    m = torch_npu.npu_conv3d(torch.empty(2, 4, 8, 8, 8, device="meta"), torch.empty(3, 4, 3, 3, 3, device="meta"),
+                             None, [2, 2, 2], [1, 1, 1], [1, 1, 1], 1)
+    assert m.shape == (2, 3, 4, 4, 4)
+
+
+def test_sim_exponential_distribution_and_generator():
+    x = torch.empty(40000, device="npu")
+    assert torch_npu.npu_sim_exponential_(x, 2.0) is x
+    v = x.cpu().double()
+    assert v.min() >= 0
+    # mean 1/lambd and P(X > t) = exp(-lambd t), within 5 standard errors
+    assert abs(v.mean().item() - 0.5) < 5 * 0.5 / math.sqrt(v.numel())
+    p = math.exp(-2.0 * 0.7)
+    assert abs((v > 0.7).double().mean().item() - p) < 5 * math.sqrt(p * (1 - p) / v.numel())
+    g1 = torch.Generator(device="npu").manual_seed(7)
+    g2 = torch.Generator(device="npu").manual_seed(7)
+    a = torch_npu.npu_sim_exponential_(torch.empty(100, device="npu"), generator=g1)
+    b = torch_npu.npu_sim_exponential_(torch.empty(100, device="npu"), generator=g2)
+    assert torch.equal(a.cpu(), b.cpu())
+
+
+def test_prefetch_and_swapped_memory():
+    x = torch.randn(16, device="npu")
+    before = x.clone()
+    assert torch_npu.npu_prefetch(x, None, 64) is None
+    assert torch.equal(x, before)
+    with pytest.raises(RuntimeError, match="max_size must be > 0"):
+        torch_npu.npu_prefetch(x, None, 0)
+    s = torch_npu.empty_with_swapped_memory([2, 2], dtype=torch.float32, device=torch.device("npu:0"))
+    assert s.device.type == "npu" and s.shape == (2, 2) and s.dtype == torch.float32
+    tmp = s.fill_(3.14)
+    out = torch.empty_like(s).fill_(1).mul_(tmp)
+    assert out.cpu().reshape(-1).tolist() == pytest.approx([3.14] * 4)
+    assert torch_npu.empty_with_swapped_memory([3]).device.type == "npu"
+    with pytest.raises(RuntimeError, match="must be an npu device"):
+        torch_npu.empty_with_swapped_memory([3], device="cpu")
