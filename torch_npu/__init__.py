@@ -102,3 +102,15 @@ _atexit.register(_npu_shutdown)
 def _autoload():
     """Entry point of ``[torch.backends]``: importing this module is the work."""
     return None
+
+
+def _transfer_to_npu_if_asked():
+    """``TORCH_TRANSFER_TO_NPU=1``: apply the CUDA-to-NPU patch once the package is ready."""
+    value = _os.environ.get("TORCH_TRANSFER_TO_NPU", "0")
+    if value == "1":
+        import torch_npu.contrib.transfer_to_npu  # noqa: F401
+    elif value != "0":
+        raise ValueError(f"Invalid value for TORCH_TRANSFER_TO_NPU: {value}. Only '0' or '1' is supported.")
+
+
+_transfer_to_npu_if_asked()
