@@ -66,6 +66,8 @@ def _native_npu_ops():
 _kernel_registration = torch_npu._C._initExtension(_native_npu_ops())
 
 torch.version.cann = torch_npu.version.cann
+# torch_npu._C._get_cann_version/_is_gte_cann_version in Python until the core has them.
+torch_npu.utils._cann.install_c_fallbacks()
 
 # The emulated device computes with CPU kernels (OpenMP). PyTorch would run
 # npu backward passes on a per-device autograd thread, whose parallel regions

@@ -95,6 +95,8 @@ def _lazy_init():
         finally:
             delattr(_tls, "is_initializing")
         _initialized = True
+    from torch_npu.utils._logging import get_logger
+    get_logger("device").info("NPU runtime initialised: %d device(s)", device_count())
 
 
 def _after_fork(arg):
@@ -163,3 +165,41 @@ from .autocast_utils import *  # noqa: E402,F403
 from . import _utils  # noqa: E402
 from ._overflow import get_npu_overflow_flag, clear_npu_overflow_flag  # noqa: E402,F401
 from . import amp  # noqa: E402,F401
+from .utils import (  # noqa: E402,F401
+    set_dump, init_dump, finalize_dump, set_task_queue_enable, get_task_queue_enable, stress_detect,
+    check_uce_in_memory, obfuscation_initialize, obfuscation_finalize, obfuscation_calculate, set_op_timeout_ms,
+)
+from . import npu_config  # noqa: E402
+from .npu_config import (  # noqa: E402,F401
+    set_option, set_aoe, set_compile_mode, set_mm_bmm_format_nd, get_mm_bmm_format_nd, is_jit_compile_false,
+    set_device_limit, get_device_limit, set_stream_limit, reset_stream_limit, get_stream_limit,
+)
+from ._legacy_types import *  # noqa: E402,F403
+from ._recovery import stop_device, restart_device  # noqa: E402,F401
+from .deterministic import enable_deterministic_with_backward, disable_deterministic_with_backward  # noqa: E402,F401
+from ._switches import (  # noqa: E402,F401
+    set_deterministic_level, use_compatible_impl, are_compatible_impl_enabled, npurt,
+)
+from . import aclnn  # noqa: E402,F401
+from .mstx import mstx  # noqa: E402,F401
+
+config = npu_config._npuConfig()
+matmul = npu_config._allowHF32Matmul()
+conv = npu_config._allowHF32Conv()
+CubeMathType = npu_config._CubeMathType
+
+__all__ += [
+    "set_dump", "init_dump", "finalize_dump", "set_task_queue_enable", "get_task_queue_enable",
+    "empty_virt_addr_cache", "MemPool", "use_mem_pool", "NPUPluggableAllocator", "change_current_allocator",
+    "set_option", "CubeMathType", "set_aoe", "set_compile_mode", "set_mm_bmm_format_nd", "get_mm_bmm_format_nd",
+    "stress_detect", "is_jit_compile_false", "BoolStorage", "ByteStorage", "ShortStorage", "LongStorage",
+    "IntStorage", "HalfStorage", "CharStorage", "DoubleStorage", "FloatStorage", "BoolTensor", "ByteTensor",
+    "CharTensor", "DoubleTensor", "FloatTensor", "HalfTensor", "IntTensor", "LongTensor", "ShortTensor",
+    "BFloat16Tensor", "BFloat16Storage", "stop_device", "restart_device", "check_uce_in_memory", "config",
+    "matmul", "conv", "enable_deterministic_with_backward", "disable_deterministic_with_backward", "mstx",
+    "set_device_limit", "get_device_limit", "set_stream_limit", "reset_stream_limit", "get_stream_limit",
+    "obfuscation_initialize", "obfuscation_finalize", "obfuscation_calculate", "set_op_timeout_ms",
+    "host_empty_cache", "host_memory_stats", "host_memory_stats_as_nested_dict",
+    "reset_accumulated_host_memory_stats", "reset_peak_host_memory_stats", "set_deterministic_level",
+    "use_compatible_impl", "are_compatible_impl_enabled", "npurt",
+]

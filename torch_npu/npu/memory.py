@@ -21,7 +21,9 @@ __all__ = [
     "reset_accumulated_memory_stats", "reset_peak_memory_stats", "reset_max_memory_allocated",
     "reset_max_memory_cached", "memory_allocated", "max_memory_allocated", "memory_reserved",
     "max_memory_reserved", "memory_cached", "max_memory_cached", "memory_snapshot", "memory_summary",
-    "get_allocator_backend", "empty_virt_addr_cache",
+    "get_allocator_backend", "empty_virt_addr_cache", "NPUPluggableAllocator", "change_current_allocator",
+    "MemPool", "use_mem_pool", "host_empty_cache", "host_memory_stats", "host_memory_stats_as_nested_dict",
+    "reset_accumulated_host_memory_stats", "reset_peak_host_memory_stats",
 ]
 
 
@@ -221,3 +223,116 @@ def memory_summary(device=None, abbreviated: bool = False) -> str:
 
 def get_allocator_backend() -> str:
     return "native"
+
+
+# ------------------------------------------------------------------ pools and pluggable allocators
+class _NPUAllocator:
+    r"""An allocator that ``change_current_allocator`` can install."""
+
+    def __init__(self, allocator=None):
+        self._allocator = allocator
+
+    def allocator(self):
+        return self._allocator
+
+
+class NPUPluggableAllocator(_NPUAllocator):
+    r"""An allocator loaded from a shared library exporting
+    ``void* alloc_fn(size_t size, int device, aclrtStream stream)`` and
+    ``void free_fn(void* ptr, size_t size, int device, aclrtStream stream)``.
+
+    The library and both symbols are checked as on hardware. The emulated
+    caching allocator owns device memory, so installing it
+    (``change_current_allocator``) is refused."""
+
+    def __init__(self, path_to_so_file: str, alloc_fn_name: str, free_fn_name: str):
+        import ctypes
+        lib = ctypes.CDLL(path_to_so_file)
+        for fn in (alloc_fn_name, free_fn_name):
+            if not hasattr(lib, fn):
+                raise RuntimeError(f"Cannot find symbol {fn} in {path_to_so_file}" + pta_error(ErrCode.NOT_FOUND))
+        super().__init__((path_to_so_file, alloc_fn_name, free_fn_name))
+
+
+def change_current_allocator(allocator: _NPUAllocator) -> None:
+    r"""Install another device allocator: not supported by the emulated device,
+    whose memory exists only through its own caching allocator."""
+    raise RuntimeError("change_current_allocator is not supported on the emulated NPU: device memory is "
+                       "provided by the emulated caching allocator." + pta_error(ErrCode.NOT_SUPPORT))
+
+
+_pool_ids = iter(range(1, 1 << 62))
+
+
+class MemPool:
+    r"""A private memory pool handle (``torch.npu.MemPool``).
+
+    Emulated: ``use_mem_pool`` accepts the pool, but allocations made under it
+    still come from the device's default pool (private pools need the C++
+    allocator; see docs/api.md)."""
+
+    def __init__(self, allocator=None):
+        self._allocator = allocator
+        self._id = (0, next(_pool_ids))
+
+    @property
+    def id(self):
+        return self._id
+
+    @property
+    def allocator(self):
+        return self._allocator
+
+    def use_count(self):
+        return 1
+
+    def snapshot(self):
+        return memory_snapshot(self._id)
+
+
+@contextlib.contextmanager
+def use_mem_pool(pool: MemPool, device=None):
+    r"""Route allocations in the block to ``pool`` (emulated: default pool, see MemPool)."""
+    if not isinstance(pool, MemPool):
+        raise TypeError("pool must be a torch.npu.MemPool." + pta_error(ErrCode.TYPE))
+    _device(device)
+    yield
+
+
+# ------------------------------------------------------------------ host (pinned) memory
+def _host_stats_native():
+    return getattr(torch_npu._C, "_npu_hostMemoryStats", None)
+
+
+def host_memory_stats() -> Dict[str, Any]:
+    r"""Statistics of the pinned host allocator. Empty until the C++ core exposes
+    ``_npu_hostMemoryStats`` (pinned memory is not counted yet)."""
+    native = _host_stats_native()
+    if native is None:
+        return collections.OrderedDict()
+    stats = native()
+    return collections.OrderedDict(sorted(stats.items()))
+
+
+def host_memory_stats_as_nested_dict() -> Dict[str, Any]:
+    native = _host_stats_native()
+    return dict(native()) if native is not None else {}
+
+
+def host_empty_cache() -> None:
+    r"""Release cached pinned host memory (the emulated pinned memory is not cached)."""
+    native = getattr(torch_npu._C, "_npu_hostEmptyCache", None)
+    if native is not None:
+        native()
+
+
+def reset_accumulated_host_memory_stats() -> None:
+    native = getattr(torch_npu._C, "_npu_resetAccumulatedHostMemoryStats", None)
+    if native is not None:
+        native()
+
+
+def reset_peak_host_memory_stats() -> None:
+    native = getattr(torch_npu._C, "_npu_resetPeakHostMemoryStats", None)
+    if native is not None:
+        native()

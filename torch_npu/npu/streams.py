@@ -53,6 +53,11 @@ class Stream(torch.Stream):
     def synchronize(self):
         return None
 
+    def set_data_preprocess_stream(self, is_data_preprocess_stream=False):
+        r"""Mark this stream as the data-preprocessing stream (a profiler tag on
+        hardware; remembered here)."""
+        self._is_data_preprocess_stream = bool(is_data_preprocess_stream)
+
     @property
     def _as_parameter_(self):
         return ctypes.c_void_p(self.stream_id)

@@ -1,4 +1,5 @@
 """Device selection, properties and stream contexts of torch.npu."""
+import os
 import warnings
 from typing import Any, Optional, Union
 
@@ -12,6 +13,10 @@ __all__ = [
     "get_device_properties", "get_device_capability", "mem_get_info", "can_device_access_peer",
     "utilization", "set_sync_debug_mode", "get_sync_debug_mode", "current_blas_handle", "is_bf16_supported",
     "ipc_collect", "StreamContext", "stream", "set_stream", "current_stream", "default_stream",
+    "obfuscation_initialize", "obfuscation_finalize", "obfuscation_calculate", "init_dump", "set_dump",
+    "finalize_dump", "is_support_inf_nan", "is_force_overflow_check", "get_npu_overflow_flag",
+    "npu_check_overflow", "clear_npu_overflow_flag", "check_uce_in_memory", "stress_detect", "get_cann_version",
+    "set_op_timeout_ms", "set_task_queue_enable", "get_task_queue_enable",
 ]
 
 
@@ -237,3 +242,94 @@ def default_stream(device=None):
 from ._overflow import (  # noqa: E402,F401
     is_support_inf_nan, npu_check_overflow, get_npu_overflow_flag, clear_npu_overflow_flag,
 )
+
+
+# ------------------------------------------------------------ config, health
+from .npu_config import set_dump, init_dump, finalize_dump  # noqa: E402,F401
+
+
+def get_cann_version(module="CANN"):
+    r"""Version of a CANN package; the emulated machine's (see torch_npu.utils._cann)."""
+    from torch_npu.utils import _cann
+    return _cann.get_cann_version(module)
+
+
+def _is_gte_cann_version(version, module="CANN"):
+    from torch_npu.utils import _cann
+    return _cann.is_gte_cann_version(version, module)
+
+
+def _initial_task_queue_level():
+    value = os.getenv("TASK_QUEUE_ENABLE", "1")
+    return int(value) if value in ("0", "1", "2") else 1
+
+
+_task_queue_level = None
+
+
+def set_task_queue_enable(mode):
+    r"""Op-launch pipeline level 0, 1 or 2. The emulated device launches
+    synchronously at every level; the level is only remembered."""
+    global _task_queue_level
+    if not isinstance(mode, int) or isinstance(mode, bool) or mode not in (0, 1, 2):
+        raise ValueError(f"task queue mode should be 0, 1 or 2, but got {mode}." + pta_error(ErrCode.VALUE))
+    _task_queue_level = mode
+
+
+def get_task_queue_enable():
+    global _task_queue_level
+    if _task_queue_level is None:
+        _task_queue_level = _initial_task_queue_level()
+    return _task_queue_level
+
+
+_op_timeout_ms = None
+
+
+def set_op_timeout_ms(timeout):
+    r"""Op execution timeout in ms (emulated ops finish synchronously and never time out)."""
+    global _op_timeout_ms
+    if not isinstance(timeout, int) or isinstance(timeout, bool) or timeout < 0:
+        raise ValueError(f"timeout should be a non-negative int, but got {timeout}." + pta_error(ErrCode.VALUE))
+    _op_timeout_ms = timeout
+
+
+def stress_detect(detect_type="aic"):
+    r"""Hardware stress test (``"aic"`` cores or ``"hccs"`` links). Returns 0: the
+    emulated device has no hardware that could fail it."""
+    if detect_type not in ("aic", "hccs"):
+        raise ValueError(f"detect_type should be 'aic' or 'hccs', but got {detect_type}." + pta_error(ErrCode.VALUE))
+    torch_npu.npu._lazy_init()
+    torch_npu.npu.synchronize()
+    return 0
+
+
+def check_uce_in_memory(device_id):
+    r"""Whether device memory holds an uncorrectable error (UCE): 0, none, as the
+    emulated memory is host memory."""
+    _checked_index(device_id)
+    return 0
+
+
+def _obfuscation_unsupported(name):
+    raise RuntimeError(f"{name} is not supported on the emulated NPU: model obfuscation runs in "
+                       f"the device's secure firmware." + pta_error(ErrCode.NOT_SUPPORT))
+
+
+def obfuscation_initialize(hidden_size, tp_rank, cmd, *, data_type=None, model_obf_seed_id=0, data_obf_seed_id=0,
+                           thread_num=4, obf_coefficient=1.0):
+    _obfuscation_unsupported("obfuscation_initialize")
+
+
+def obfuscation_finalize(fd_to_close):
+    _obfuscation_unsupported("obfuscation_finalize")
+
+
+def obfuscation_calculate(fd, x, param, *, obf_coefficient=1.0):
+    _obfuscation_unsupported("obfuscation_calculate")
+
+
+def is_force_overflow_check():
+    r"""True when ``INF_NAN_MODE_FORCE_DISABLE=1`` forces saturation mode, where
+    overflow is detected through the device float-status flag."""
+    return os.getenv("INF_NAN_MODE_FORCE_DISABLE") == "1"
