@@ -390,3 +390,21 @@ def test_unsupported_arguments_raise():
     with pytest.raises(NotImplementedError, match="drop_pad_mode"):
         torch_npu.npu_moe_finalize_routing(x, None, None, None, None, torch.arange(4, dtype=torch.int32),
                                            None, drop_pad_mode=1)
+
+
+# ------------------------------------------------------------------ npu_moe_compute_expert_tokens
+
+
+@pytest.mark.parametrize("device", ["cpu", "npu"])
+def test_moe_compute_expert_tokens(device):
+    import torch_npu as tn
+    sorted_experts = torch.tensor([3, 3, 4, 5, 6, 7], dtype=torch.int32)  # documented example
+    out = tn.npu_moe_compute_expert_tokens(sorted_experts.to(device), 5)
+    assert out.dtype == torch.int32 and out.device.type == device
+    # expert e's rows end where the first id > e starts
+    assert out.cpu().tolist() == [0, 0, 0, 2, 3]
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 8, (50,), generator=g).sort().values.to(torch.int32)
+    out = tn.npu_moe_compute_expert_tokens(ids.to(device), 8).cpu().tolist()
+    assert out == [sum(1 for v in ids.tolist() if v <= e) for e in range(8)]
+    assert tn.npu_moe_compute_expert_tokens(torch.empty(9, dtype=torch.int32, device="meta"), 4).shape == (4,)

@@ -1,0 +1,60 @@
+"""Non-maximum suppression: npu_nms_v4 (TensorFlow NonMaxSuppressionV4 semantics).
+
+The number of kept boxes depends on the values, so these ops need real tensors: under
+Meta/FakeTensor they raise (the output size cannot be inferred)."""
+import torch
+
+from torch_npu.op_plugin._common import check
+from torch_npu.op_plugin._registry import impl
+from torch_npu.op_plugin.comm_matmul import _symbolic
+
+__all__ = []
+
+
+def _pair_iou(boxes):
+    """IoU of every pair of (N, 4) boxes; corners in either order (min/max taken per axis)."""
+    lo = torch.minimum(boxes[:, :2], boxes[:, 2:])
+    hi = torch.maximum(boxes[:, :2], boxes[:, 2:])
+    area = (hi - lo).prod(-1)
+    wh = (torch.minimum(hi[:, None], hi[None]) - torch.maximum(lo[:, None], lo[None])).clamp_min(0)
+    inter = wh.prod(-1)
+    union = area[:, None] + area[None] - inter
+    return torch.where((area[:, None] > 0) & (area[None] > 0), inter / union, torch.zeros_like(inter))
+
+
+def greedy_nms(boxes, scores, max_output, iou_threshold, score_threshold):
+    """Indices kept by greedy NMS: candidates with ``score > score_threshold`` in descending
+    score order (ties: lower index first); a candidate is dropped when its IoU with an already
+    kept box is ``> iou_threshold``; at most ``max_output`` kept."""
+    order = sorted((i for i, s in enumerate(scores.tolist()) if s > score_threshold),
+                   key=lambda i: -scores[i].item())
+    iou = _pair_iou(boxes.double()).tolist()
+    kept = []
+    for i in order:
+        if len(kept) >= max_output:
+            break
+        if all(iou[i][k] <= iou_threshold for k in kept):
+            kept.append(i)
+    return kept
+
+
+@impl("npu_nms_v4")
+def npu_nms_v4(self, scores, max_output_size, iou_threshold, scores_threshold, pad_to_max_output_size=False):
+    """Greedy NMS of ``self`` (N, 4) boxes with ``scores`` (N,): see :func:`greedy_nms`
+    (boxes with IoU ``> iou_threshold`` against a kept box are suppressed, scores
+    ``<= scores_threshold`` never kept). Returns ``(selected_indices, valid_outputs)``:
+    int32 indices in selection order (length ``valid_outputs``, or ``max_output_size`` padded
+    with zeros when ``pad_to_max_output_size``) and the int32 0-D count."""
+    op = "npu_nms_v4"
+    check(self.dim() == 2 and self.size(1) == 4, op, "boxes must be (N, 4), got %s" % (tuple(self.shape),))
+    check(scores.dim() == 1 and scores.size(0) == self.size(0), op, "scores must be (N,)")
+    if _symbolic(self):
+        raise NotImplementedError("%s: the number of kept boxes depends on the values; no meta kernel" % op)
+    max_out = int(max_output_size)
+    check(max_out >= 0, op, "max_output_size must be >= 0, got %d" % max_out)
+    kept = greedy_nms(self.detach().cpu(), scores.detach().cpu().double(), max_out,
+                      float(iou_threshold), float(scores_threshold))
+    n = max_out if pad_to_max_output_size else len(kept)
+    idx = torch.zeros(n, dtype=torch.int32)
+    idx[:len(kept)] = torch.tensor(kept, dtype=torch.int32)
+    return idx.to(self.device), torch.tensor(len(kept), dtype=torch.int32).to(self.device)

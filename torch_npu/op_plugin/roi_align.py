@@ -1,0 +1,85 @@
+"""npu_roi_align: RoIAlign of Faster R-CNN (average of bilinear samples per output bin)."""
+import math
+
+import torch
+
+from torch_npu.op_plugin._common import acc, check
+from torch_npu.op_plugin._registry import impl
+from torch_npu.op_plugin.comm_matmul import _symbolic
+
+__all__ = []
+
+
+def _roi_box(roi, spatial_scale, mode):
+    """(x1, y1, x2, y2, roi_w, roi_h) in feature coordinates for ``roi_end_mode``:
+    0 scaled corners, size clamped to >= 1 (torchvision ``aligned=False``);
+    1 the end extended by ``spatial_scale`` (TF SAME), size >= 1;
+    2 corners shifted by -0.5, size unclamped (torchvision ``aligned=True``);
+    3 corners shifted by -0.5, size >= 1 (MMDetection)."""
+    x1, y1, x2, y2 = (v * spatial_scale for v in roi)
+    if mode == 1:
+        x2, y2 = x2 + spatial_scale, y2 + spatial_scale
+    elif mode in (2, 3):
+        x1, y1, x2, y2 = x1 - 0.5, y1 - 0.5, x2 - 0.5, y2 - 0.5
+    w, h = x2 - x1, y2 - y1
+    if mode != 2:
+        w, h = max(w, 1.0), max(h, 1.0)
+    return x1, y1, w, h
+
+
+def _axis(start, size, pooled, grid, limit, device, dtype):
+    """Sample coordinates along one axis, their low/high neighbours, weights and validity."""
+    bins = torch.arange(pooled, device=device, dtype=dtype).unsqueeze(1)
+    sub = (torch.arange(grid, device=device, dtype=dtype) + 0.5).unsqueeze(0)
+    pos = (start + bins * (size / pooled) + sub * (size / pooled / grid)).reshape(-1)
+    valid = (pos >= -1.0) & (pos <= limit)
+    pos = pos.clamp_min(0)
+    low = pos.floor().long()
+    edge = low >= limit - 1
+    low = torch.where(edge, torch.full_like(low, limit - 1), low)
+    high = torch.where(edge, low, low + 1)
+    pos = torch.where(edge, low.to(dtype), pos)
+    frac = pos - low.to(dtype)
+    return low, high, 1 - frac, frac, valid
+
+
+@impl("npu_roi_align")
+def npu_roi_align(self, rois, spatial_scale, pooled_height, pooled_width, sample_num, roi_end_mode):
+    """RoIAlign. ``self`` is (B, C, H, W); each row of ``rois`` (N, 5) is
+    ``[batch_index, x1, y1, x2, y2]`` in image coordinates, mapped to the feature map by
+    ``spatial_scale`` with the ``roi_end_mode`` convention (0: torchvision ``aligned=False``;
+    1: end extended by ``spatial_scale``; 2: torchvision ``aligned=True``; 3: -0.5 shift with
+    sizes clamped to >= 1). Each of the ``pooled_height x pooled_width`` bins averages a
+    ``sample_num x sample_num`` grid (``ceil(roi_size / pooled)`` per axis when 0) of bilinear
+    samples at the sub-cell centres; samples beyond one pixel outside the map count as 0.
+    Output (N, C, pooled_height, pooled_width). Differentiable in ``self``."""
+    op = "npu_roi_align"
+    check(self.dim() == 4, op, "features must be (B, C, H, W), got %s" % (tuple(self.shape),))
+    check(rois.dim() == 2 and rois.size(1) == 5, op, "rois must be (N, 5), got %s" % (tuple(rois.shape),))
+    check(roi_end_mode in (0, 1, 2, 3), op, "roi_end_mode must be 0, 1, 2 or 3, got %d" % roi_end_mode)
+    check(pooled_height > 0 and pooled_width > 0 and sample_num >= 0, op, "pooled sizes must be > 0, sample_num >= 0")
+    b, c, h, w = self.shape
+    if _symbolic(self) or _symbolic(rois):
+        return self.new_empty((rois.size(0), c, pooled_height, pooled_width))
+    feats = acc(self)
+    dtype = feats.dtype if feats.dtype == torch.float64 else torch.float32
+    outs = []
+    for row in rois.detach().double().cpu().tolist():
+        bi = int(row[0])
+        check(0 <= bi < b, op, "roi batch index %d out of range for %d images" % (bi, b))
+        x1, y1, rw, rh = _roi_box(row[1:], spatial_scale, roi_end_mode)
+        gh = sample_num if sample_num > 0 else max(1, math.ceil(rh / pooled_height))
+        gw = sample_num if sample_num > 0 else max(1, math.ceil(rw / pooled_width))
+        yl, yh, wy0, wy1, vy = _axis(y1, rh, pooled_height, gh, h, self.device, dtype)
+        xl, xh, wx0, wx1, vx = _axis(x1, rw, pooled_width, gw, w, self.device, dtype)
+        f = feats[bi].to(dtype)  # (C, H, W)
+        val = (f[:, yl][:, :, xl] * (wy0[:, None] * wx0[None, :])
+               + f[:, yl][:, :, xh] * (wy0[:, None] * wx1[None, :])
+               + f[:, yh][:, :, xl] * (wy1[:, None] * wx0[None, :])
+               + f[:, yh][:, :, xh] * (wy1[:, None] * wx1[None, :]))
+        val = val * (vy[:, None] & vx[None, :]).to(dtype)
+        val = val.reshape(c, pooled_height, gh, pooled_width, gw).sum((2, 4)) / (gh * gw)
+        outs.append(val)
+    if not outs:
+        return self.new_empty((0, c, pooled_height, pooled_width))
+    return torch.stack(outs).to(self.dtype)
