@@ -150,3 +150,33 @@ def test_prefetch_and_swapped_memory():
     assert torch_npu.empty_with_swapped_memory([3]).device.type == "npu"
     with pytest.raises(RuntimeError, match="must be an npu device"):
         torch_npu.empty_with_swapped_memory([3], device="cpu")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int8])
+def test_gather_sparse_index(device, dtype):
+    x = torch.tensor([[1, 2, 3], [4, 5, 6], [7, 8, 9]]).to(dtype).to(device)
+    out = torch_npu.npu_gather_sparse_index(x, torch.tensor([1, 0]).to(device))  # documented example
+    assert out.dtype == dtype and out.cpu().tolist() == [[4, 5, 6], [1, 2, 3]]
+    t = torch.arange(16 * 4 * 2).reshape(16, 4, 2).to(dtype).to(device)
+    idx = torch.tensor([[3, 3, 15], [0, 7, 1]], dtype=torch.int32)
+    out = torch_npu.npu_gather_sparse_index(t, idx.to(device))
+    assert out.shape == (2, 3, 4, 2)
+    tl = t.cpu().tolist()
+    assert out.cpu().tolist() == [[tl[i] for i in row] for row in idx.tolist()]
+
+
+def test_gather_sparse_index_grad_backward_op_meta():
+    x = torch.randn(5, 3, dtype=torch.float64, requires_grad=True)
+    idx = torch.tensor([[4, 0], [4, 2]])
+    torch.autograd.gradcheck(lambda t: torch_npu.npu_gather_sparse_index(t, idx), (x,))
+    g = torch.arange(12, dtype=torch.float64).reshape(2, 2, 3)
+    back = torch_npu.npu_gather_sparse_index_backward(g, [5, 3], idx)
+    exp = torch.zeros(5, 3, dtype=torch.float64)
+    for (i, j), r in zip([(0, 0), (0, 1), (1, 0), (1, 1)], [4, 0, 4, 2]):
+        exp[r] += g[i, j]
+    assert torch.equal(back, exp)
+    with FakeTensorMode():
+        f = torch_npu.npu_gather_sparse_index(torch.empty(16, 32, device="npu"),
+                                              torch.empty(2, 3, dtype=torch.int64, device="npu"))
+        assert f.shape == (2, 3, 32)

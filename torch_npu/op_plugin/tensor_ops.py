@@ -163,3 +163,27 @@ def empty_with_swapped_memory(size, *, dtype=None, device=None):
     device = torch.device(device)
     check(device.type == "npu", op, "device must be an npu device, got %s" % device)
     return torch.empty(list(size), dtype=dtype, device=device)
+
+
+# ----------------------------------------------------------------- sparse row gather
+
+
+@impl("npu_gather_sparse_index")
+def npu_gather_sparse_index(input, index):
+    """Row gather along dim 0: ``y[i..., j...] = input[index[i...], j...]``; output shape
+    ``index.shape + input.shape[1:]``. ``index`` int32/int64 in ``[0, input.shape[0])`` (no
+    negative indices). Differentiable in ``input`` (gradient: :func:`npu_gather_sparse_index_backward`)."""
+    op = "npu_gather_sparse_index"
+    check(input.dim() >= 1, op, "input must have at least 1 dim")
+    check(index.dtype in (torch.int32, torch.int64), op, "index must be int32 or int64, got %s" % index.dtype)
+    rows = input.index_select(0, index.reshape(-1))
+    return rows.reshape(tuple(index.shape) + tuple(input.shape[1:]))
+
+
+@impl("npu_gather_sparse_index_backward")
+def npu_gather_sparse_index_backward(grad, self_sizes, index):
+    """Gradient of :func:`npu_gather_sparse_index`: zeros of ``self_sizes`` with each row of
+    ``grad`` added into row ``index[...]`` (repeated indices accumulate)."""
+    sizes = list(self_sizes)
+    flat = grad.reshape([-1] + sizes[1:])
+    return grad.new_zeros(sizes).index_add(0, index.reshape(-1), flat)
