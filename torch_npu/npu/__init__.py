@@ -168,6 +168,7 @@ from . import amp  # noqa: E402,F401
 from .utils import (  # noqa: E402,F401
     set_dump, init_dump, finalize_dump, set_task_queue_enable, get_task_queue_enable, stress_detect,
     check_uce_in_memory, obfuscation_initialize, obfuscation_finalize, obfuscation_calculate, set_op_timeout_ms,
+    _sleep,
 )
 from . import npu_config  # noqa: E402
 from .npu_config import (  # noqa: E402,F401
@@ -203,3 +204,9 @@ __all__ += [
     "reset_accumulated_host_memory_stats", "reset_peak_host_memory_stats", "set_deterministic_level",
     "use_compatible_impl", "are_compatible_impl_enabled", "npurt",
 ]
+
+from .graphs import (  # noqa: E402
+    NPUGraph, graph, graph_pool_handle, is_current_stream_capturing, make_graphed_callables,
+)
+
+__all__ += ["NPUGraph", "graph", "graph_pool_handle", "is_current_stream_capturing", "make_graphed_callables"]

@@ -333,3 +333,16 @@ def is_force_overflow_check():
     r"""True when ``INF_NAN_MODE_FORCE_DISABLE=1`` forces saturation mode, where
     overflow is detected through the device float-status flag."""
     return os.getenv("INF_NAN_MODE_FORCE_DISABLE") == "1"
+
+
+# Clock of the emulated AI core for torch.npu._sleep (1.8 GHz, cycles per ms).
+_EMULATED_CYCLES_PER_MS = 1_800_000
+
+
+def _sleep(cycles):
+    r"""Keep the current stream busy for ``cycles`` device cycles (tests use it to
+    create work of known length). Emulated: the host spins for that time."""
+    import time
+    end = time.perf_counter() + cycles / _EMULATED_CYCLES_PER_MS / 1000.0
+    while time.perf_counter() < end:
+        pass
