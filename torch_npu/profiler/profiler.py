@@ -183,7 +183,8 @@ class profile:
             self._start()
 
     def _enter_step(self):
-        if self._recorder is not None and self._recorder.running:
+        # as torch.profiler: ProfilerStep#N markers only when a schedule drives the steps
+        if self._has_schedule and self._recorder is not None and self._recorder.running:
             import torch
             self._step_rec_fn = torch.autograd.profiler.record_function(f"ProfilerStep#{self.step_num}")
             self._step_rec_fn.__enter__()

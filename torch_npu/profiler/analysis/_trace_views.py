@@ -11,6 +11,7 @@ from ._csv_views import CORE_TYPE
 from ._profile_data import MSTX_PREFIX
 
 HOST_SORT_INDEX = 0
+MSTX_MARK = "mark::"
 _PID_OFFSET = 10
 _INDEX_OFFSET = 5
 
@@ -57,8 +58,7 @@ def build_trace_view(data) -> list:
         if op.name.startswith(MSTX_PREFIX):
             if not mstx_on:
                 continue
-            events.append(_x(op.name[len(MSTX_PREFIX):], host_pid, op.tid, op.start_ns, op.end_ns, "MsTx",
-                             {"mstx": True}))
+            events.append(_mstx_event(op, host_pid))
         elif with_host or op.name.startswith("ProfilerStep#"):
             args = {k: v for k, v in op.args.items() if k in ("Input Dims", "Input type", "Call stack",
                                                               "Sequence number", "Fwd thread id")}
@@ -93,6 +93,15 @@ def build_trace_view(data) -> list:
                             "tid": k.stream, "ts": k.start_ns / 1000.0, "cat": "async_npu"}]
         events += _overlap_events(data, overlap_pid, kernels)
     return events
+
+
+def _mstx_event(op, host_pid):
+    """mstx ranges as spans named by their message, marks as instant events."""
+    message = op.name[len(MSTX_PREFIX):]
+    if message.startswith(MSTX_MARK):
+        return {"ph": "i", "s": "t", "name": message[len(MSTX_MARK):], "pid": host_pid, "tid": op.tid,
+                "ts": op.start_ns / 1000.0, "cat": "MsTx", "args": {"mstx": "mark"}}
+    return _x(message, host_pid, op.tid, op.start_ns, op.end_ns, "MsTx", {"mstx": "range"})
 
 
 def _overlap_events(data, pid, kernels):
