@@ -1,0 +1,37 @@
+"""``torch-npu`` (also ``python -m torch_npu``): the command-line tool.
+
+Sub-commands, one module each:
+  info       the emulated machine (devices, memory, versions)
+  migrate    find CUDA-only code in Python files; --fix / --diff rewrite what is safe
+  preflight  run a script for a bounded time on the virtual NPU and report what would hurt
+  doctor     check the environment and what client libraries will detect
+"""
+import click
+
+from torch_npu.cli.doctor import doctor
+from torch_npu.cli.info import info
+from torch_npu.cli.migrate import migrate
+from torch_npu.cli.preflight import preflight
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def cli():
+    """torch_npu command-line tool (the NPU is emulated on the CPU)."""
+
+
+for _command in (info, migrate, preflight, doctor):
+    cli.add_command(_command)
+
+
+def main(argv=None):
+    """Console-script entry point; returns the exit code."""
+    try:
+        return cli.main(args=argv, prog_name="torch-npu", standalone_mode=False) or 0
+    except click.exceptions.Exit as e:
+        return e.exit_code
+    except click.ClickException as e:
+        e.show()
+        return e.exit_code
+    except click.exceptions.Abort:
+        click.echo("Aborted!", err=True)
+        return 1

@@ -1,0 +1,231 @@
+"""Running a script in this process for a bounded time and measuring what a port needs to know.
+
+Measured while the script runs:
+
+- CPU fallbacks: ``torch_npu.emulator.fallback_report()`` (calls, bytes), with each op's
+  self time from torch's own op profiler (``torch.autograd.profiler.profile``, CPU events)
+  as a share of all op time;
+- torch_npu fused ops: the ``torch_npu.<op>`` exports and ``torch.ops.npu.<op>`` packets are
+  replaced by counting wrappers for the run (outermost calls only: an emulated op built from
+  other npu ops counts once). Wrapping the ~400 Python names costs nothing per ATen op,
+  unlike a dispatch mode that would see every op;
+- fused optimizers: a global optimizer step hook (it also counts steps);
+- collectives: the ``torch.distributed`` functions are wrapped for the run (the gradient
+  all-reduce of DDP happens inside its C++ reducer and is not seen);
+- peak memory per device, against the device capacity;
+- with ``transfer_to_npu``: the CUDA references it rewrote, with their call sites.
+
+Bounds: a step limit (optimizer steps, counted by the hook) and a time limit (``SIGALRM``);
+reaching either raises ``PreflightStop`` inside the script, which unwinds it; the report is
+made afterwards either way.
+"""
+import contextlib
+import os
+import runpy
+import signal
+import sys
+import threading
+import time
+import traceback
+
+COLLECTIVES = (
+    "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_to_all", "all_to_all_single",
+    "barrier", "batch_isend_irecv", "broadcast", "broadcast_object_list", "gather", "gather_object", "irecv",
+    "isend", "recv", "reduce", "reduce_scatter", "reduce_scatter_tensor", "scatter", "scatter_object_list", "send",
+    "monitored_barrier", "_broadcast_coalesced",
+)
+
+
+class PreflightStop(BaseException):
+    """Raised inside the script when its step or time budget is spent (not an ``Exception``,
+    so ``except Exception`` in the script does not swallow it)."""
+
+    def __init__(self, reason):
+        super().__init__(reason)
+        self.reason = reason
+
+
+class _Counter:
+    def __init__(self):
+        self.counts = {}
+        self.local = threading.local()
+
+    def wrap(self, fn, name):
+        counter = self
+
+        class Counted:
+            """Calls ``fn`` and counts outermost calls; other attributes (``.default``,
+            overloads, schema) come from ``fn``."""
+
+            def __call__(self, *args, **kwargs):
+                depth = getattr(counter.local, "depth", 0)
+                if depth == 0:
+                    counter.counts[name] = counter.counts.get(name, 0) + 1
+                counter.local.depth = depth + 1
+                try:
+                    return fn(*args, **kwargs)
+                finally:
+                    counter.local.depth = depth
+
+            def __getattr__(self, attr):
+                return getattr(fn, attr)
+
+            def __repr__(self):
+                return repr(fn)
+
+        return Counted()
+
+
+class _Patches:
+    """setattr that remembers the old values, undone in reverse order."""
+
+    def __init__(self):
+        self.saved = []
+
+    def set(self, owner, name, value):
+        self.saved.append((owner, name, owner.__dict__.get(name, _MISSING) if hasattr(owner, "__dict__")
+                           else getattr(owner, name)))
+        setattr(owner, name, value)
+
+    def undo(self):
+        for owner, name, old in reversed(self.saved):
+            if old is _MISSING:
+                try:
+                    delattr(owner, name)
+                except AttributeError:
+                    pass
+            else:
+                setattr(owner, name, old)
+        self.saved.clear()
+
+
+_MISSING = object()
+
+
+def _op_base(op):
+    """``aten::fmax.out`` -> ``aten::fmax`` (the profiler's event name)."""
+    ns, _, rest = op.partition("::")
+    return f"{ns}::{rest.split('.')[0]}"
+
+
+def run(script, args, *, transfer=False, max_steps=None, max_seconds=None, measure_time=True):
+    """Run ``script`` with ``args`` and return the report (a dict)."""
+    import torch
+    import torch_npu
+
+    if transfer:
+        import torch_npu.contrib.transfer_to_npu  # noqa: F401
+        from torch_npu.contrib._transfer import rewrite
+        rewrite.reset_records()
+    torch_npu.emulator.reset_fallback_report()
+
+    patches = _Patches()
+    fused = _Counter()
+    for name, value in list(vars(torch_npu).items()):
+        if isinstance(value, torch._ops.OpOverloadPacket):
+            counted = fused.wrap(value, f"torch_npu.{name}")
+            patches.set(torch_npu, name, counted)
+            patches.set(torch.ops.npu, name, counted)
+    collectives = _Counter()
+    if torch.distributed.is_available():
+        for name in COLLECTIVES:
+            fn = getattr(torch.distributed, name, None)
+            if fn is not None:
+                patches.set(torch.distributed, name, collectives.wrap(fn, name.lstrip("_")))
+
+    state = {"steps": 0, "optimizers": {}}
+    started = time.monotonic()
+
+    def on_step(optimizer, _args, _kwargs):
+        state["steps"] += 1
+        cls = type(optimizer)
+        if cls.__module__.startswith("torch_npu."):
+            key = f"{cls.__module__.rsplit('.', 1)[0]}.{cls.__name__}.step"
+            state["optimizers"][key] = state["optimizers"].get(key, 0) + 1
+        if max_steps is not None and state["steps"] >= max_steps:
+            raise PreflightStop("max-steps")
+
+    hook = torch.optim.optimizer.register_optimizer_step_post_hook(on_step)
+
+    def on_alarm(_signum, _frame):
+        raise PreflightStop("max-seconds")
+
+    old_alarm = None
+    if max_seconds:
+        old_alarm = signal.signal(signal.SIGALRM, on_alarm)
+        signal.setitimer(signal.ITIMER_REAL, max_seconds)
+
+    outcome, error = "completed", None
+    profiler = torch.autograd.profiler.profile(use_cpu=True) if measure_time else contextlib.nullcontext()
+    old_argv, old_path0 = sys.argv, sys.path[0]
+    sys.argv = [script] + list(args)
+    sys.path[0] = os.path.dirname(os.path.abspath(script))
+    try:
+        with profiler:
+            try:
+                runpy.run_path(script, run_name="__main__")
+            finally:
+                if max_seconds:
+                    signal.setitimer(signal.ITIMER_REAL, 0)
+    except PreflightStop as stop:
+        outcome = stop.reason
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        outcome = "completed" if code == 0 else "exit"
+        if code:
+            error = f"SystemExit({e.code!r})"
+    except Exception:
+        outcome = "error"
+        error = traceback.format_exc(limit=-8)
+    finally:
+        if max_seconds:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old_alarm)
+        sys.argv, sys.path[0] = old_argv, old_path0
+        hook.remove()
+        patches.undo()
+    seconds = time.monotonic() - started
+
+    op_times, total_us = {}, 0.0
+    if measure_time and profiler.function_events is not None:
+        for event in profiler.key_averages():
+            op_times[event.key] = op_times.get(event.key, 0.0) + event.self_cpu_time_total
+            total_us += event.self_cpu_time_total
+
+    fallbacks = []
+    for entry in torch_npu.emulator.fallback_report():
+        us = op_times.get(_op_base(entry["op"]))
+        fallbacks.append(dict(entry, time_ms=None if us is None else round(us / 1000, 3),
+                              time_share=None if us is None or not total_us else round(us / total_us, 4)))
+
+    memory = []
+    for d in range(torch.npu.device_count()):
+        peak = torch.npu.max_memory_allocated(d)
+        if peak:
+            props = torch.npu.get_device_properties(d)
+            memory.append({"device": f"npu:{d}", "name": props.name, "peak_allocated_bytes": peak,
+                           "capacity_bytes": props.total_memory,
+                           "share": round(peak / props.total_memory, 6), "fits": peak <= props.total_memory})
+
+    cuda_references = []
+    if transfer:
+        from torch_npu.contrib._transfer import rewrite
+        cuda_references = rewrite.records()
+
+    fused_ops = [{"op": k, "calls": v} for k, v in sorted(fused.counts.items())]
+    fused_ops += [{"op": k, "calls": v} for k, v in sorted(state["optimizers"].items())]
+    return {
+        "script": script,
+        "args": list(args),
+        "transfer_to_npu": transfer,
+        "outcome": outcome,
+        "error": error,
+        "steps": state["steps"],
+        "seconds": round(seconds, 3),
+        "op_time_ms": round(total_us / 1000, 3) if measure_time else None,
+        "fallback_ops": fallbacks,
+        "fused_ops": fused_ops,
+        "memory": memory,
+        "collectives": [{"op": k, "calls": v} for k, v in sorted(collectives.counts.items())],
+        "cuda_references": cuda_references,
+    }
