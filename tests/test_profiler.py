@@ -236,17 +236,18 @@ class _SlowDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, i):
         time.sleep(self.delay_s)
-        return torch.full((32,), float(i))
+        return torch.full((64, 256), float(i))
 
 
 def _profile_loader(root, delay_s):
-    model = torch.nn.Linear(32, 32).npu()
+    model = torch.nn.Linear(256, 256).npu()
     loader = torch.utils.data.DataLoader(_SlowDataset(delay_s), batch_size=1)
     with P.profile(schedule=P.schedule(wait=0, active=len(loader), repeat=1),
                    on_trace_ready=P.tensorboard_trace_handler(str(root))) as prof:
         for batch in loader:
-            for _ in range(10):
-                model(batch.npu()).sum().backward()
+            x = batch.npu()
+            for _ in range(3):
+                model(x).sum().backward()
             prof.step()
     from torch_npu.profiler.analysis import _summary
     from torch_npu.profiler.analysis._profile_data import ProfileData
@@ -255,16 +256,17 @@ def _profile_loader(root, delay_s):
 
 
 def test_slow_data_loader_shows_as_idle_and_input_wait(tmp_path):
-    slow, prof_dir = _profile_loader(tmp_path / "slow", delay_s=0.08)
+    delay_ms = 200
+    slow, prof_dir = _profile_loader(tmp_path / "slow", delay_s=delay_ms / 1000)
     fast, _ = _profile_loader(tmp_path / "fast", delay_s=0.0)
-    slow_steps = [s for s in slow["steps"] if s["step"] != 0]   # step 0 also holds the loader's start-up
-    assert slow_steps
-    for s in slow_steps:
-        assert s["input_wait_share"] > 0.5, s
-        assert s["idle_ratio"] > 0.5, s
-        assert s["idle_ratio"] >= s["input_wait_share"] - 0.05, s   # waiting for input = device idle here
-    fast_share = max(s["input_wait_share"] for s in fast["steps"] if s["step"] != 0)
-    assert fast_share < min(s["input_wait_share"] for s in slow_steps)
+    assert len(slow["steps"]) == 4
+    for s in slow["steps"]:
+        wait_ms = s["input_wait_share"] * s["step_ms"]
+        idle_ms = s["idle_ratio"] * s["step_ms"]
+        assert delay_ms * 0.95 <= wait_ms <= s["step_ms"], s      # the loader's sleep is inside its range
+        assert idle_ms >= wait_ms - 1.0, s                         # no kernel runs while waiting for input
+    for s in fast["steps"]:
+        assert s["input_wait_share"] * s["step_ms"] < delay_ms * 0.5, s
     text = open(os.path.join(prof_dir, "ASCEND_PROFILER_OUTPUT", "summary.txt")).read()
     assert text.splitlines()[2].startswith("Data-loading bottleneck")
 
