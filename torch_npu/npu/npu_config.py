@@ -132,8 +132,13 @@ def _check_core_num(name, value, maximum):
         raise ValueError(f"{name} should be -1 or in [1, {maximum}], but got {value}." + pta_error(ErrCode.VALUE))
 
 
-def set_device_limit(device, cube_num=-1, vector_num=-1):
-    r"""Limit the cube/vector cores ops on ``device`` may use (-1: keep the current limit)."""
+def set_device_limit(*args, **kwargs):
+    r"""``set_device_limit(device, cube_num=-1, vector_num=-1)``: limit the cube/vector
+    cores ops on ``device`` may use (-1: keep the current limit)."""
+    _set_device_limit(*args, **kwargs)
+
+
+def _set_device_limit(device, cube_num=-1, vector_num=-1):
     from .utils import _get_device_index
     device_id = _get_device_index(device, optional=True)
     max_cube, max_vector = _device_cores(device_id)

@@ -133,9 +133,19 @@ class Event(torch.Event):
     def synchronize(self):
         super().synchronize()
 
+    def recorded_time(self):
+        r"""Device timestamp of the record, in microseconds (host monotonic clock here)."""
+        if self._recorded_at is None:
+            raise RuntimeError("Event must be recorded before getting its recorded time." + pta_error(ErrCode.PARAM))
+        return int(self._recorded_at * 1e6)
+
     def __repr__(self):
         return "<torch_npu.npu.Event>"
 
 
 class ExternalEvent(Event):
     r"""Event usable across graph capture boundaries (plain event here)."""
+
+    def reset(self, stream=None):
+        r"""Return the event to the not-recorded state."""
+        self._recorded_at = None

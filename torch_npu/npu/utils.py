@@ -187,9 +187,9 @@ def ipc_collect():
 class StreamContext:
     r"""Context manager that selects a given stream (no-op for None)."""
 
-    def __init__(self, stream):
-        self.stream = stream
-        self.idx = _get_device_index(None, True) if stream is not None else -1
+    def __init__(self, stream_ctx):
+        self.stream = stream_ctx
+        self.idx = _get_device_index(None, True) if stream_ctx is not None else -1
         self.src_prev_stream = None
         self.dst_prev_stream = None
 

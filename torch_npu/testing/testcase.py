@@ -38,6 +38,9 @@ def _to_numpy(x):
 class TestCase(expecttest.TestCase):
     _precision = 1e-5
 
+    def __init__(self, method_name="runTest"):
+        super().__init__(method_name)
+
     @classmethod
     def setUpClass(cls):
         set_npu_device()
