@@ -324,3 +324,44 @@ def test_aic_metrics_none_writes_base_kernel_headers(tmp_path):
     assert [r["Name"] for r in rows] == ["aten::mm"]
     # without profile_memory there are no memory files
     assert not os.path.exists(os.path.join(prof_dir, "ASCEND_PROFILER_OUTPUT", "memory_record.csv"))
+
+
+def _write_synthetic(prof_dir, base_ns, device_events):
+    """A hand-made raw profile: one step of 1000 us and the given device events."""
+    os.makedirs(os.path.join(prof_dir, "FRAMEWORK"))
+    host = {"baseTimeNanoseconds": base_ns, "traceEvents": [
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 7, "tid": 7, "ts": 0.0,
+         "dur": 1000.0, "args": {}}]}
+    with open(os.path.join(prof_dir, "FRAMEWORK", "torch_host_trace.json"), "w") as f:
+        json.dump(host, f)
+    with open(os.path.join(prof_dir, "FRAMEWORK", "device_timeline.json"), "w") as f:
+        json.dump(device_events, f)
+    with open(os.path.join(prof_dir, "profiler_info.json"), "w") as f:
+        json.dump({"config": {"common_config": {"activities": ["CPU", "NPU"]}, "experimental_config": {}}}, f)
+
+
+def test_communication_overlap_in_step_trace_time(tmp_path):
+    base = 1_700_000_000_000_000_000
+
+    def ev(name, kind, start_us, end_us, nbytes=0):
+        return {"name": name, "device": 0, "stream": 0 if kind != "communication" else 1,
+                "start_ns": base + start_us * 1000, "end_ns": base + end_us * 1000, "kind": kind,
+                "bytes": nbytes, "thread_id": 7}
+
+    prof_dir = tmp_path / "w_20240101000000000_ascend_pt"
+    _write_synthetic(str(prof_dir), base, [ev("aten::mm", "kernel", 100, 400),
+                                           ev("hcom_allReduce_", "communication", 300, 600, 4096),
+                                           ev("hcom_allReduce_", "communication", 700, 800, 4096)])
+    P.analyse(str(prof_dir))
+    _, rows = _read_csv(str(prof_dir / "ASCEND_PROFILER_OUTPUT" / "step_trace_time.csv"))
+    (row,) = rows
+    # by hand: compute [100,400]; comm [300,600]+[700,800]; busy [100,600]+[700,800] of the 1000 us step
+    expected = {"Step": 1, "Computing": 300, "Communication": 400, "Communication(Not Overlapped)": 300,
+                "Overlapped": 100, "Free": 400, "Stage": 700, "Bubble": 0, "Preparing": 100,
+                "Communication(Not Overlapped and Exclude Receive)": 300}
+    assert {k: float(row[k]) for k in expected} == {k: float(v) for k, v in expected.items()}
+    trace = json.load(open(prof_dir / "ASCEND_PROFILER_OUTPUT" / "trace_view.json"))
+    comm = [e for e in trace if e["ph"] == "X" and e["cat"] == "HCCL"]
+    assert [e["args"]["Data Size(B)"] for e in comm] == [4096, 4096]
+    lanes = {e["name"]: e for e in trace if e["ph"] == "X" and e["name"] == "Communication(Not Overlapped)"}
+    assert lanes   # the overlap-analysis lane exists
