@@ -114,6 +114,23 @@ at::Tensor npu_tensor_like(c10::Storage storage, const at::Tensor& geometry) {
   return out;
 }
 
+namespace {
+void release_storage_ref(void* ctx) { c10::raw::intrusive_ptr::decref(static_cast<c10::StorageImpl*>(ctx)); }
+}  // namespace
+
+at::Tensor share_result(const at::Tensor& r, int device) {
+  if (!r.defined()) return r;
+  c10::StorageImpl* s = r.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
+  if (s->data_ptr().get_deleter() != allocator::deleter()) return adopt_result(r, device);
+  const c10::Device npu(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(device));
+  c10::raw::intrusive_ptr::incref(s);
+  c10::DataPtr dp(const_cast<void*>(s->data()), s, &release_storage_ref, npu);
+  return npu_tensor_like(c10::Storage(c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(),
+                                                                            s->sym_nbytes(), std::move(dp),
+                                                                            allocator::get(), false)),
+                         r);
+}
+
 at::Tensor adopt_result(const at::Tensor& r, int device) {
   if (!r.defined()) return r;
   return npu_tensor_like(adopt_storage(r.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl(), device), r);

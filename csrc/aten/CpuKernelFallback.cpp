@@ -113,7 +113,7 @@ KernelScope::KernelScope(const c10::OperatorHandle& op, int device)
 }
 
 KernelScope::~KernelScope() {
-  if (observer_) observer_->on_kernel_end(op_, device_);
+  if (observer_) observer_->on_kernel_end(op_, device_, KernelInfo{});
 }
 
 c10::OperatorHandle find_op(const char* name, const char* overload) {

@@ -74,6 +74,10 @@ void emulated_cpu_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, t
 
   int64_t to_cpu = 0, to_npu = 0;
   c10::SmallVector<Moved, 8> moved;
+  // The observer sees the whole fallback, copies included: that is its cost.
+  // The device is not known before the arguments are checked.
+  KernelObserver* obs = kernel_observer();
+  if (obs) obs->on_kernel_begin(op, -1);
 
   // Real copies to host memory (plain CPU tensors, not aliases).
   const int device = prepare_cpu_call(op, stack, [&](const at::Tensor& t, const c10::Argument& arg) -> at::Tensor {
@@ -83,13 +87,8 @@ void emulated_cpu_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, t
     return host;
   });
 
-  {
-    // The kernel runs on host memory: no device-memory scope.
-    KernelObserver* obs = kernel_observer();
-    if (obs) obs->on_kernel_begin(op, device);
-    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
-    if (obs) obs->on_kernel_end(op, device);
-  }
+  // The kernel runs on host memory: no device-memory scope.
+  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
 
   // Mutated arguments: copy back (resizing the device tensor if needed).
   for (auto& m : moved) {
@@ -127,6 +126,7 @@ void emulated_cpu_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, t
     }
   }
 
+  if (obs) obs->on_kernel_end(op, device, KernelInfo{true, to_cpu + to_npu});
   std::lock_guard<std::mutex> g(g_mu);
   auto& s = (*g_stats)[name];
   s.calls += 1;

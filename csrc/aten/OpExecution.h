@@ -41,6 +41,9 @@ at::Tensor cpu_alias(const at::Tensor& t, c10::Storage storage);
 // An npu tensor on `device` for a CPU tensor produced inside a
 // DeviceMemoryScope(device); zero-copy when the memory came from the pool.
 at::Tensor adopt_result(const at::Tensor& cpu_result, int device);
+// Like adopt_result, but the CPU tensor stays valid: a pool-backed storage
+// is shared (the npu storage keeps the CPU one alive), anything else copied.
+at::Tensor share_result(const at::Tensor& cpu_result, int device);
 // Pieces of adopt_result: move a pool-backed CPU storage to an npu storage
 // (or copy it into the pool if it is not pool-backed), and build an npu
 // tensor over a storage with another tensor's sizes, strides and offset.
@@ -73,10 +76,14 @@ KernelRegistration register_explicit_cpu_kernels(const std::unordered_set<std::s
 // One hook in the execution layer. Later layers (CPU-fallback emulation,
 // profiler device timeline) observe each kernel through it. Called on the
 // executing thread around the CPU kernel; `device` is the npu index.
+struct KernelInfo {
+  bool fallback = false;     // ran through the emulated CPU fallback
+  int64_t bytes_copied = 0;  // fallback only: bytes copied host<->device
+};
 struct KernelObserver {
   virtual ~KernelObserver() = default;
   virtual void on_kernel_begin(const c10::OperatorHandle& op, int device) = 0;
-  virtual void on_kernel_end(const c10::OperatorHandle& op, int device) = 0;
+  virtual void on_kernel_end(const c10::OperatorHandle& op, int device, const KernelInfo& info) = 0;
 };
 void set_kernel_observer(KernelObserver* observer);
 KernelObserver* kernel_observer();

@@ -16,13 +16,17 @@
 #include "core/NPUException.h"
 #include "core/NPUGenerator.h"
 #include "core/NPUGuard.h"
+#include "profiler/DeviceTimeline.h"
 #include "runtime/AclRuntime.h"
 
 namespace py = pybind11;
 
 namespace torch_npu {
 void register_hooks();
+namespace profiler {
+void register_profiler_stubs();
 }
+}  // namespace torch_npu
 
 namespace {
 
@@ -118,6 +122,18 @@ py::dict memory_snapshot() {
   return r;
 }
 
+// Python context manager over exec::DeviceMemoryScope (thread-local; enter
+// and exit on the same thread).
+struct MemoryScopeContext {
+  int device;
+  std::unique_ptr<torch_npu::exec::DeviceMemoryScope> scope;
+  void enter() {
+    TORCH_CHECK(!scope, "_DeviceMemoryScope is already entered");
+    scope = std::make_unique<torch_npu::exec::DeviceMemoryScope>(device);
+  }
+  void exit() { scope.reset(); }
+};
+
 py::tuple stream_tuple(const c10::Stream& s) {
   return py::make_tuple(s.id(), static_cast<int>(s.device_index()), static_cast<int>(s.device_type()));
 }
@@ -132,6 +148,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("_initExtension", [](const std::vector<std::string>& native_ops) {
     torch_npu::exec::install_cpu_allocator();
     torch_npu::register_hooks();
+    torch_npu::profiler::register_profiler_stubs();
     c10::SetAllocator(c10::DeviceType::PrivateUse1, torch_npu::allocator::get());
     auto r = torch_npu::exec::register_explicit_cpu_kernels(
         std::unordered_set<std::string>(native_ops.begin(), native_ops.end()));
@@ -289,4 +306,38 @@ PYBIND11_MODULE(_C, m) {
   m.def("_format_error_code", [](int sub, int code) {
     return torch_npu::format_error_code(static_cast<torch_npu::SubModule>(sub), static_cast<torch_npu::ErrCode>(code));
   });
+  m.def("_get_cann_version", [](const std::string& module) { return acl_emu::cann_version(module); },
+        py::arg("module") = "CANN");
+  m.def("_is_gte_cann_version", [](const std::string& version, const std::string& module) {
+    return acl_emu::is_gte_cann_version(version, module);
+  }, py::arg("version"), py::arg("module") = "CANN");
+
+  // profiler device timeline (torch_npu.profiler)
+  m.def("_npu_timeline_enable", [](bool on) { torch_npu::timeline::enable(on); });
+  m.def("_npu_timeline_enabled", [] { return torch_npu::timeline::enabled(); });
+  m.def("_npu_timeline_drain", [] {
+    std::vector<torch_npu::timeline::Event> events = torch_npu::timeline::drain();
+    py::list out;
+    for (const auto& e : events) {
+      out.append(py::make_tuple(e.name, e.device, e.stream, e.start_ns, e.end_ns,
+                                torch_npu::timeline::kind_name(e.kind), e.bytes, e.thread_id));
+    }
+    return out;
+  });
+
+  // zero-copy bridges for code that runs CPU kernels on npu memory
+  // (graph mode runs Inductor's CPU code this way)
+  m.def("_npu_cpu_alias", [](const at::Tensor& t) {
+    TORCH_CHECK(t.device().type() == c10::DeviceType::PrivateUse1, "_npu_cpu_alias expects an npu tensor, got ",
+                t.device());
+    return torch_npu::exec::cpu_alias(t);
+  });
+  m.def("_npu_adopt", [](const at::Tensor& t, int64_t device) {
+    TORCH_CHECK(t.device().is_cpu(), "_npu_adopt expects a CPU tensor, got ", t.device());
+    return torch_npu::exec::share_result(t, checked_device(device));
+  });
+  py::class_<MemoryScopeContext>(m, "_DeviceMemoryScope")
+      .def(py::init([](int64_t device) { return MemoryScopeContext{checked_device(device)}; }))
+      .def("__enter__", [](MemoryScopeContext& c) { c.enter(); return &c; }, py::return_value_policy::reference)
+      .def("__exit__", [](MemoryScopeContext& c, py::args) { c.exit(); return false; });
 }
