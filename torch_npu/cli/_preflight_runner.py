@@ -145,7 +145,8 @@ def run(script, args, *, transfer=False, max_steps=None, max_seconds=None, measu
         if max_steps is not None and state["steps"] >= max_steps:
             raise PreflightStop("max-steps")
 
-    hook = torch.optim.optimizer.register_optimizer_step_post_hook(on_step)
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+    hook = register_optimizer_step_post_hook(on_step)
 
     def on_alarm(_signum, _frame):
         raise PreflightStop("max-seconds")
