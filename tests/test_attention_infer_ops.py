@@ -1,5 +1,5 @@
 """npu_prompt_flash_attention, npu_incre_flash_attention, npu_fused_infer_attention_score and
-npu_fusion_attention_grad on the CPU-emulated NPU.
+npu_fusion_attention_grad on the CPU-emulated NPU (more in test_attention_ops.py).
 
 Checked against an independent float64 reference written here from the documented formula
 ``softmax(Mask(scale * q k^T)) @ v`` (per-head loop over [B, S, N, D] data, key/value head
@@ -287,15 +287,17 @@ def test_fa_grad(device, layout, n, n_kv, use_pse, use_mask):
 def test_fa_grad_fp16_causal_and_errors():
     q, k, v = make("BSH", 1, 4, 4, 2, 2, 4, dtype=torch.float16)
     dy = rand(q.shape, torch.float16, seed=8)
-    dq, dk, dv, _, _ = torch_npu.npu_fusion_attention_grad(q, k, v, dy, 2, "BSH", sparse_mode=2, scale_value=0.5)
+    compressed = torch.ones(2048, 2048, dtype=torch.bool).triu(1)
+    dq, dk, dv, _, _ = torch_npu.npu_fusion_attention_grad(q, k, v, dy, 2, "BSH", atten_mask=compressed,
+                                                           sparse_mode=2, scale_value=0.5)
     rq, rk, rv = (t.double().requires_grad_() for t in (q, k, v))
     rout = ref(rq, rk, rv, 2, 2, "BSH", mask=torch.ones(4, 4, dtype=torch.bool).triu(1), scale=0.5)[0]
     grads = torch.autograd.grad(rout, [rq, rk, rv], dy.double())
     for got, want in zip((dq, dk, dv), grads):
         assert got.dtype == torch.float16
         torch.testing.assert_close(got.double(), want, rtol=1e-2, atol=1e-2)
-    with pytest.raises(NotImplementedError, match="keep_prob"):
-        torch_npu.npu_fusion_attention_grad(q, k, v, dy, 2, "BSH", keep_prob=0.9)
+    with pytest.raises(RuntimeError, match="keep_prob"):
+        torch_npu.npu_fusion_attention_grad(q, k, v, dy, 2, "BSH", keep_prob=1.5)
     with pytest.raises(NotImplementedError, match="sink"):
         torch_npu.npu_fusion_attention_grad(q, k, v, dy, 2, "BSH", sink=torch.zeros(2))
 

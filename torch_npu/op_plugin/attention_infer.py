@@ -1,6 +1,5 @@
-"""Inference attention ops and the explicit FlashAttention backward:
-npu_prompt_flash_attention, npu_incre_flash_attention, npu_fused_infer_attention_score,
-npu_fusion_attention_grad.
+"""Inference attention ops: npu_prompt_flash_attention, npu_incre_flash_attention,
+npu_fused_infer_attention_score.
 
 All share one float32 core: ``out = softmax(mask(scale * q @ k^T)) @ v`` on [B, N, S, D]
 views, key/value heads shared by ``N / N_kv`` query heads (GQA), ``atten_mask`` True (or
@@ -12,7 +11,7 @@ import torch
 
 from torch_npu.op_plugin._common import acc, check
 from torch_npu.op_plugin._registry import impl
-from torch_npu.op_plugin.attention import _from_bnsd, _to_bnsd, npu_fusion_attention
+from torch_npu.op_plugin.attention_flash import from_bnsd as _from_bnsd, to_bnsd as _to_bnsd
 
 __all__ = []
 
@@ -233,36 +232,3 @@ def npu_fused_infer_attention_score(query, key, value, pse_shift=None, atten_mas
     else:
         lse = query.new_empty([0], dtype=torch.float32)
     return out, lse
-
-
-@impl("npu_fusion_attention_grad")
-def npu_fusion_attention_grad(query, key, value, dy, head_num, input_layout, pse=None, padding_mask=None,
-                              atten_mask=None, softmax_max=None, softmax_sum=None, softmax_in=None,
-                              attention_in=None, scale_value=1.0, keep_prob=1.0, pre_tockens=_MAX_TOKENS,
-                              next_tockens=_MAX_TOKENS, inner_precise=0, seed=0, offset=0, numels=0,
-                              prefix=None, actual_seq_qlen=None, actual_seq_kvlen=None, sparse_mode=0,
-                              gen_mask_parallel=True, sync=False, softmax_layout="", sink=None):
-    """Explicit backward of npu_fusion_attention: ``(dq, dk, dv, dpse, dsink)`` for upstream
-    gradient ``dy`` (in the input layout), by float32 autograd of the same forward math
-    (recomputed; the saved softmax_max / softmax_sum / attention_in are not needed).
-    Supports what the forward supports (layouts BSH/SBH/BSND/BNSD, GQA, pse, atten_mask,
-    sparse_mode 0/2/3, the pre/next tockens band) and raises NotImplementedError for the rest
-    (TND, dropout, prefix, actual_seq_qlen/kvlen, sink). ``dpse`` has pse's shape and dtype
-    (empty when pse is None); ``dsink`` is empty."""
-    op = "npu_fusion_attention_grad"
-    _reject(op, padding_mask=padding_mask, sink=sink)
-    check(dy.shape == query.shape, op, "dy shape %s differs from the query's %s"
-          % (tuple(dy.shape), tuple(query.shape)))
-    with torch.enable_grad():
-        leaves = [acc(t).detach().requires_grad_() for t in (query, key, value)]
-        p = acc(pse).detach().requires_grad_() if pse is not None else None
-        out = npu_fusion_attention(leaves[0], leaves[1], leaves[2], head_num, input_layout, pse=p,
-                                   atten_mask=atten_mask, scale=scale_value, keep_prob=keep_prob,
-                                   pre_tockens=pre_tockens, next_tockens=next_tockens,
-                                   inner_precise=inner_precise, prefix=prefix, actual_seq_qlen=actual_seq_qlen,
-                                   actual_seq_kvlen=actual_seq_kvlen, sparse_mode=sparse_mode)[0]
-        inputs = leaves + ([p] if p is not None else [])
-        grads = torch.autograd.grad(out, inputs, acc(dy).to(out.dtype))
-    dq, dk, dv = (gr.to(t.dtype) for gr, t in zip(grads[:3], (query, key, value)))
-    dpse = grads[3].to(pse.dtype) if pse is not None else query.new_empty([0])
-    return dq, dk, dv, dpse, query.new_empty([0])
