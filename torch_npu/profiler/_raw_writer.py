@@ -42,4 +42,4 @@ def _rank():
 
 def _dump(path, obj):
     with open(path, "w", encoding="utf-8") as f:
-        json.dump(obj, f)
+        f.write(json.dumps(obj))     # dumps uses the C encoder

@@ -95,7 +95,7 @@ class profile:
             prof_dir = self._write_raw(tmp, None)
             events = build_trace_view(ProfileData(prof_dir))
         with open(output, "w", encoding="utf-8") as f:
-            json.dump(events, f)
+            f.write(json.dumps(events))
 
     def export_stacks(self, path: str, metric: str = "self_cpu_time_total"):
         """Flame-graph stacks (needs with_stack=True). The emulated device is

@@ -2,7 +2,6 @@
 "Python" host process and per-device "Ascend Hardware" / "Overlap Analysis"
 processes labelled "NPU <id>") and the ``*.pt.trace.json`` for TensorBoard's
 torch-tb-profiler (Kineto's own trace plus the device kernels)."""
-import copy
 import json
 import os
 
@@ -123,7 +122,7 @@ def _overlap_events(data, pid, kernels):
 
 def write_trace_view(data, out_dir):
     with open(os.path.join(out_dir, "trace_view.json"), "w", encoding="utf-8") as f:
-        json.dump(build_trace_view(data), f)
+        f.write(json.dumps(build_trace_view(data)))   # dumps: the C encoder, 5x faster than dump
 
 
 def build_tb_trace(data) -> dict:
@@ -131,9 +130,9 @@ def build_tb_trace(data) -> dict:
     GPU kernels (runtime launch on the host thread, kernel on pid=device,
     tid=stream, linked by 'correlation'), so torch-tb-profiler's kernel and
     overview views see them."""
-    trace = copy.deepcopy(data.host_trace)
+    trace = dict(data.host_trace)          # host events are reused as they are, never modified
     base = data.base_ns
-    events = trace.setdefault("traceEvents", [])
+    events = trace["traceEvents"] = list(data.host_trace.get("traceEvents", []))
     host_pid = data.host_pid or os.getpid()
     for device in sorted({k.device for k in data.kernels}):
         events += [_meta(device, 0, "process_name", f"NPU {device}"),
@@ -165,4 +164,4 @@ def build_tb_trace(data) -> dict:
 
 def write_tb_trace(data, path):
     with open(path, "w", encoding="utf-8") as f:
-        json.dump(build_tb_trace(data), f)
+        f.write(json.dumps(build_tb_trace(data)))
