@@ -10,7 +10,7 @@ from ._raw_writer import write_raw
 from ._recorder import Recorder
 from .analysis._parser import parse_one, profiler_dirs
 from .experimental_config import _ExperimentalConfig
-from .profiler_interface import ProfilerActivity, normalize_activities, supported_activities
+from .profiler_interface import normalize_activities, supported_activities
 from .scheduler import ProfilerAction, _default_schedule
 
 __all__ = ["supported_activities", "analyse", "tensorboard_trace_handler", "profile"]
