@@ -365,3 +365,33 @@ def test_communication_overlap_in_step_trace_time(tmp_path):
     assert [e["args"]["Data Size(B)"] for e in comm] == [4096, 4096]
     lanes = {e["name"]: e for e in trace if e["ph"] == "X" and e["name"] == "Communication(Not Overlapped)"}
     assert lanes   # the overlap-analysis lane exists
+
+
+def test_dynamic_profile_follows_the_config_file(tmp_path):
+    from torch_npu.profiler import dynamic_profile
+    a = torch.randn(8, 8, device="npu")
+    dynamic_profile.init(str(tmp_path / "cfg"))
+    config = json.load(open(tmp_path / "cfg" / "profiler_config.json"))
+    config.update(start_step=2, active=2, prof_dir=str(tmp_path / "out"), analyse=True)
+    time.sleep(0.01)   # a distinct mtime
+    with open(tmp_path / "cfg" / "profiler_config.json", "w") as f:
+        json.dump(config, f)
+    os.utime(tmp_path / "cfg" / "profiler_config.json", (time.time() + 5, time.time() + 5))
+    for _ in range(6):
+        a @ a
+        dynamic_profile.step()
+    (prof_dir,) = glob.glob(str(tmp_path / "out" / "*_ascend_pt"))
+    _, rows = _read_csv(os.path.join(prof_dir, "ASCEND_PROFILER_OUTPUT", "kernel_details.csv"))
+    assert [r["Name"] for r in rows] == ["aten::mm", "aten::mm"]    # the 2 active steps
+
+
+def test_async_mode_parses_in_a_background_thread(tmp_path):
+    import threading
+    a = torch.randn(8, 8, device="npu")
+    with P.profile(on_trace_ready=P.tensorboard_trace_handler(str(tmp_path), async_mode=True)):
+        a @ a
+    for t in threading.enumerate():
+        if t.name == "torch_npu-profiler-analyse":
+            t.join(60)
+    (prof_dir,) = glob.glob(os.path.join(tmp_path, "*_ascend_pt"))
+    assert os.path.exists(os.path.join(prof_dir, "ASCEND_PROFILER_OUTPUT", "summary.txt"))
