@@ -22,7 +22,7 @@ def _register_with_dynamo() -> None:
         return
     _registered = True
     try:
-        from torch_npu.dynamo import backends, device_interface
+        from torch_npu.dynamo import backends, device_interface, fake_sdp_choice  # noqa: F401
         device_interface.register()
         backends.register()
     except Exception as e:  # never break `import torch._dynamo`
