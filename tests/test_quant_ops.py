@@ -249,7 +249,7 @@ def test_quant_matmul_unsupported_and_meta():
     with pytest.raises(NotImplementedError, match="output_dtype"):
         torch_npu.npu_quant_matmul(x1, x2, s, output_dtype=torch.int32)
     with pytest.raises(NotImplementedError, match="scale dtype"):
-        torch_npu.npu_quant_matmul(x1, x2, torch.ones(3, dtype=torch.int64), output_dtype=torch.float16)
+        torch_npu.npu_quant_matmul(x1, x2, torch.ones(3, dtype=torch.int32), output_dtype=torch.float16)
     with pytest.raises(NotImplementedError, match="group_sizes"):
         torch_npu.npu_quant_matmul(x1, x2, s, output_dtype=torch.float16, group_sizes=[1, 1, 1])
     with pytest.raises(NotImplementedError, match="x1_dtype"):

@@ -202,6 +202,17 @@ def npu_dynamic_quant_asymmetric(input, *, smooth_scales=None, group_index=None,
 # ------------------------------------------------------------------ npu_quant_matmul
 
 
+def _unpack_scale(op, packed):
+    """The fp19 float32 scale of an int64 ``scale`` packed by npu_trans_quant_param. A
+    packed 9-bit offset is refused: how the kernel combines it with ``offset`` is not
+    documented (pass the float ``offset`` argument instead)."""
+    from torch_npu.op_plugin.quant_params import decode_packed_scale, _has_values
+    scale, packed_offset = decode_packed_scale(packed)
+    if _has_values(packed) and bool((packed_offset != 0).any()):
+        _unsupported(op, "an int64 scale carrying a packed offset (npu_trans_quant_param(scale, offset))")
+    return scale.reshape(-1)
+
+
 @impl("npu_quant_matmul")
 def npu_quant_matmul(x1, x2, scale, *, offset=None, pertoken_scale=None, bias=None,
                      output_dtype=None, x1_dtype=None, x2_dtype=None, pertoken_scale_dtype=None,
@@ -218,10 +229,10 @@ def npu_quant_matmul(x1, x2, scale, *, offset=None, pertoken_scale=None, bias=No
       as int8 (``offset`` float32, 1 or n elements, default 0; no pertoken_scale, int32 bias).
     * torch.float16 / torch.bfloat16: the dequantised value cast to that dtype.
 
-    Raises NotImplementedError for: output_dtype torch.int32 or anything else, int64 (packed,
-    from npu_trans_quant_param) scale, non-int8 x1/x2 (int4/float8), any of x1_dtype,
+    Raises NotImplementedError for: output_dtype torch.int32 or anything else, non-int8 x1/x2 (int4/float8), any of x1_dtype,
     x2_dtype, pertoken_scale_dtype, scale_dtype, group_sizes, y_scale, and offset with a
-    non-int8 output.
+    non-int8 output. An int64 ``scale`` made by npu_trans_quant_param(scale) is used as its
+    fp19 float value (one that also packs an offset raises NotImplementedError).
     """
     op = "npu_quant_matmul"
     for name, v in (("x1_dtype", x1_dtype), ("x2_dtype", x2_dtype),
@@ -233,8 +244,10 @@ def npu_quant_matmul(x1, x2, scale, *, offset=None, pertoken_scale=None, bias=No
         op, "output_dtype", output_dtype, (torch.int8, torch.float16, torch.bfloat16))
     if x1.dtype != torch.int8 or x2.dtype != torch.int8:
         _unsupported(op, "x1/x2 dtypes %s/%s (only int8)" % (x1.dtype, x2.dtype))
+    if scale.dtype == torch.int64:
+        scale = _unpack_scale(op, scale)
     if scale.dtype not in (torch.float32, torch.bfloat16):
-        _unsupported(op, "scale dtype %s (only float32/bfloat16)" % scale.dtype)
+        _unsupported(op, "scale dtype %s (only float32/bfloat16/int64 from npu_trans_quant_param)" % scale.dtype)
     check(x1.dim() >= 2 and x2.dim() >= 2, op, "x1 and x2 must be at least 2-d")
     check(x1.shape[-1] == x2.shape[-2], op, "x1 k=%d must equal x2 k=%d" % (x1.shape[-1], x2.shape[-2]))
     m, n = x1.shape[-2], x2.shape[-1]
