@@ -7,7 +7,8 @@ model = torch.nn.Linear(256, 256).npu()
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 gamma = torch.ones(256, device="npu")
 buf = torch.empty(64, 256, device="npu")
-for step in range(1000):
+staging = torch.empty(16 * 2**20, device="npu:1")  # exactly 64 MiB on the second device
+for step in range(100000):  # runs until preflight stops it
     x = torch.randn(64, 256, device="npu")
     h = model(x)
     # aten::fmax.out has no NPU kernel: it falls back to the CPU on hardware.

@@ -113,10 +113,6 @@ def run(script, args, *, transfer=False, max_steps=None, max_seconds=None, measu
     import torch
     import torch_npu
 
-    if transfer:
-        import torch_npu.contrib.transfer_to_npu  # noqa: F401
-        from torch_npu.contrib._transfer import rewrite
-        rewrite.reset_records()
     torch_npu.emulator.reset_fallback_report()
 
     patches = _Patches()
@@ -164,6 +160,12 @@ def run(script, args, *, transfer=False, max_steps=None, max_seconds=None, measu
     try:
         with profiler:
             try:
+                if transfer:
+                    # After the profiler started: transfer_to_npu swaps torch.profiler's
+                    # activity enum for the NPU profiler's, which torch's own profiler rejects.
+                    import torch_npu.contrib.transfer_to_npu  # noqa: F401
+                    from torch_npu.contrib._transfer import rewrite
+                    rewrite.reset_records()
                 runpy.run_path(script, run_name="__main__")
             finally:
                 if max_seconds:
