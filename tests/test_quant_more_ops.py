@@ -274,3 +274,27 @@ def test_transpose_batchmatmul_unsupported_and_meta():
         y = torch_npu.npu_transpose_batchmatmul(torch.empty(6, 2, 4, dtype=torch.float16),
                                                 torch.empty(2, 4, 5, dtype=torch.float16), perm_x1=[1, 0, 2])
         assert y.shape == (6, 2, 5) and y.dtype == torch.float16
+
+
+# ------------------------------------------------------------------ npu_quant_matmul_reduce_sum
+
+
+@dev
+def test_quant_matmul_reduce_sum(device):
+    g = gen(7)
+    b, m, k, n = 3, 4, 32, 5
+    x1 = torch.randint(-128, 128, (b, m, k), generator=g).to(torch.int8)
+    x2 = torch.randint(-128, 128, (b, k, n), generator=g).to(torch.int8)
+    s1 = torch.rand(b, m, generator=g) * 0.01
+    s2 = (torch.rand(n, generator=g) * 0.01).to(torch.bfloat16)
+    ref = sum((x1[i].double() @ x2[i].double()) * s1[i].double()[:, None] * s2.double()[None, :] for i in range(b))
+    y = torch_npu.npu_quant_matmul_reduce_sum(x1.to(device), x2.to(device), x1_scale=s1.to(device),
+                                              x2_scale=s2.to(device))
+    assert y.dtype == torch.bfloat16 and y.shape == (m, n) and y.device.type == device
+    torch.testing.assert_close(y.cpu().double(), ref, rtol=8e-3, atol=1e-2)
+    ones = torch_npu.npu_quant_matmul_reduce_sum(torch.ones(2, 3, 4, dtype=torch.int8),
+                                                 torch.ones(2, 4, 5, dtype=torch.int8),
+                                                 x1_scale=torch.ones(2, 3), x2_scale=torch.ones(5, dtype=torch.bfloat16))
+    assert torch.equal(ones, torch.full((3, 5), 8.0, dtype=torch.bfloat16))   # documented example: 2 * 4
+    with pytest.raises(RuntimeError, match="x2_scale"):
+        torch_npu.npu_quant_matmul_reduce_sum(x1, x2, x1_scale=s1, x2_scale=s2.float())
