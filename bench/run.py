@@ -364,6 +364,9 @@ def main(argv=None):
     }
     if "micro" in sections:
         run_micro(prof, args, results)
+    if "compile" in sections:  # graph mode (not in the default list: compiling takes minutes)
+        import compile_bench
+        results["compile"] = compile_bench.run_section(quick=args.quick)
     if sections & {"mlp", "gpt", "gpt_amp", "conv"}:
         run_steps(prof, args, results, sections)
         if not args.no_isolated:
