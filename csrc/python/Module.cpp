@@ -26,6 +26,9 @@ void register_hooks();
 namespace profiler {
 void register_profiler_stubs();
 }
+namespace distributed {
+void init_distributed_bindings(pybind11::module& parent);
+}
 }  // namespace torch_npu
 
 namespace {
@@ -142,6 +145,7 @@ py::tuple stream_tuple(const c10::Stream& s) {
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "torch_npu C++ core (emulated Ascend NPU)";
+  torch_npu::distributed::init_distributed_bindings(m);
 
   // Done at import: before any npu op can run, the CPU allocator must be
   // redirectable and the explicit CPU kernels registered.

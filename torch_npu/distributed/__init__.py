@@ -1,2 +1,21 @@
-"""torch_npu.distributed (the HCCL backend arrives with the distributed layer)."""
-__all__ = []
+"""torch_npu.distributed: the ``hccl`` backend (ProcessGroupHCCL on Gloo) and torch_npu's
+distributed extras. Importing torch_npu registers the backend and patches
+torch.distributed as the real torch_npu does."""
+import torch.distributed as _dist
+
+from . import _backend
+from ._patches import apply as _apply_patches
+from .distributed_c10d import (all_gather_into_tensor_uneven, all_to_all_vc, is_hccl_available,
+                               reduce_scatter_tensor_uneven, reinit_process_group)
+
+__all__ = ["is_hccl_available", "reinit_process_group", "reduce_scatter_tensor_uneven",
+           "all_gather_into_tensor_uneven", "all_to_all_vc"]
+
+
+def is_available():
+    return _dist.is_available()
+
+
+if _dist.is_available():
+    _backend.register()
+    _apply_patches()

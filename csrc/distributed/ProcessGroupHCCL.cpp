@@ -1,0 +1,672 @@
+#include "distributed/ProcessGroupHCCL.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/ivalue.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+
+#include <array>
+#include <cstdlib>
+#include <mutex>
+#include <sstream>
+#include <unordered_map>
+
+#include "aten/OpExecution.h"
+#include "profiler/DeviceTimeline.h"
+
+namespace torch_npu::distributed {
+namespace {
+
+std::mutex g_factory_mu;
+GlooFactory g_factory;
+
+GlooFactory factory() {
+  std::lock_guard<std::mutex> g(g_factory_mu);
+  TORCH_CHECK(g_factory, "ProcessGroupHCCL: torch_npu.distributed is not initialised (no Gloo factory)");
+  return g_factory;
+}
+
+bool env_flag(const char* name, bool dflt) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return dflt;
+  const std::string s(v);
+  return !(s == "0" || s == "false" || s == "False" || s == "OFF" || s == "off");
+}
+
+std::string op_name(c10d::OpType t) {
+  switch (t) {
+    case c10d::OpType::BROADCAST: return "broadcast";
+    case c10d::OpType::ALLREDUCE: return "allreduce";
+    case c10d::OpType::ALLREDUCE_COALESCED: return "allreduce_coalesced";
+    case c10d::OpType::REDUCE: return "reduce";
+    case c10d::OpType::ALLGATHER: return "allgather";
+    case c10d::OpType::_ALLGATHER_BASE: return "allgather_into_tensor";
+    case c10d::OpType::ALLGATHER_COALESCED: return "allgather_coalesced";
+    case c10d::OpType::GATHER: return "gather";
+    case c10d::OpType::SCATTER: return "scatter";
+    case c10d::OpType::REDUCE_SCATTER: return "reduce_scatter";
+    case c10d::OpType::_REDUCE_SCATTER_BASE: return "reduce_scatter_tensor";
+    case c10d::OpType::ALLTOALL_BASE: return "all_to_all_single";
+    case c10d::OpType::ALLTOALL: return "all_to_all";
+    case c10d::OpType::SEND: return "send";
+    case c10d::OpType::RECV: return "recv";
+    case c10d::OpType::RECVANYSOURCE: return "recv_anysource";
+    case c10d::OpType::BARRIER: return "barrier";
+    case c10d::OpType::COALESCED: return "coalesced";
+    default: return "collective";
+  }
+}
+
+// The HCCL task names the real profiler shows for each collective.
+const char* hcom_name(c10d::OpType t) {
+  switch (t) {
+    case c10d::OpType::BROADCAST: return "hcom_broadcast_";
+    case c10d::OpType::ALLREDUCE:
+    case c10d::OpType::ALLREDUCE_COALESCED: return "hcom_allReduce_";
+    case c10d::OpType::REDUCE: return "hcom_reduce_";
+    case c10d::OpType::ALLGATHER:
+    case c10d::OpType::_ALLGATHER_BASE:
+    case c10d::OpType::ALLGATHER_COALESCED: return "hcom_allGather_";
+    case c10d::OpType::GATHER: return "hcom_gather_";
+    case c10d::OpType::SCATTER: return "hcom_scatter_";
+    case c10d::OpType::REDUCE_SCATTER:
+    case c10d::OpType::_REDUCE_SCATTER_BASE: return "hcom_reduceScatter_";
+    case c10d::OpType::ALLTOALL_BASE:
+    case c10d::OpType::ALLTOALL: return "hcom_alltoallv_";
+    case c10d::OpType::SEND: return "hcom_send_";
+    case c10d::OpType::RECV:
+    case c10d::OpType::RECVANYSOURCE: return "hcom_receive_";
+    case c10d::OpType::BARRIER: return "hcom_barrier_";
+    default: return "hcom_collective_";
+  }
+}
+
+const char* reduce_name(int64_t op) {
+  static const char* names[] = {"SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "PREMUL_SUM"};
+  return (op >= 0 && op <= 8) ? names[op] : "-";
+}
+
+std::string exception_text(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const c10::Error& err) {
+    return err.what_without_backtrace();
+  } catch (const std::exception& err) {
+    return err.what();
+  } catch (...) {
+    return "unknown error";
+  }
+}
+
+// Work of one collective: the Gloo work carries the data; our future
+// completes (with the npu tensors) once Gloo's has and post-processing ran.
+class WorkHCCL final : public c10d::Work {
+ public:
+  WorkHCCL(int rank, c10d::OpType type, c10::intrusive_ptr<c10d::Work> inner,
+           c10::intrusive_ptr<c10::ivalue::Future> future, std::vector<at::Tensor> outputs,
+           std::function<void()> complete_on_wait)
+      : c10d::Work(rank, type),
+        inner_(std::move(inner)),
+        future_(std::move(future)),
+        outputs_(std::move(outputs)),
+        complete_on_wait_(std::move(complete_on_wait)) {}
+
+  bool isCompleted() override { return future_->completed(); }
+  bool isSuccess() const override { return future_->completed() && !future_->hasError(); }
+  std::exception_ptr exception() const override { return future_->exception_ptr(); }
+  std::vector<at::Tensor> result() override { return outputs_; }
+  void synchronize() override {}
+  bool wait(std::chrono::milliseconds timeout) override {
+    std::exception_ptr inner_error;
+    try {
+      inner_->wait(timeout);
+    } catch (...) {
+      inner_error = std::current_exception();
+    }
+    if (complete_on_wait_) {
+      std::call_once(once_, [&] { complete_on_wait_(); });
+    }
+    if (inner_error && !future_->completed()) std::rethrow_exception(inner_error);
+    future_->wait();
+    if (future_->hasError()) std::rethrow_exception(future_->exception_ptr());
+    return true;
+  }
+  void abort() override { inner_->abort(); }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+
+ private:
+  c10::intrusive_ptr<c10d::Work> inner_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+  std::vector<at::Tensor> outputs_;
+  std::function<void()> complete_on_wait_;
+  std::once_flag once_;
+};
+
+std::vector<c10::Device> devices_of(const std::vector<at::Tensor>& tensors) {
+  std::vector<c10::Device> out;
+  for (const auto& t : tensors) {
+    if (!t.defined() || !t.device().is_privateuseone()) continue;
+    if (std::find(out.begin(), out.end(), t.device()) == out.end()) out.push_back(t.device());
+  }
+  return out;
+}
+
+double premul_factor(const c10d::ReduceOp& op) {
+  auto* s = dynamic_cast<c10d::PreMulSumSupplement*>(op.supplement_.get());
+  TORCH_CHECK(s != nullptr, "ProcessGroupHCCL: PREMUL_SUM without a factor");
+  return s->tensor_factor.defined() ? s->tensor_factor.item<double>() : s->double_factor;
+}
+
+}  // namespace
+
+void set_gloo_factory(GlooFactory f) {
+  std::lock_guard<std::mutex> g(g_factory_mu);
+  g_factory = std::move(f);
+}
+
+ProcessGroupHCCL::Options::Options(bool is_high_priority_stream)
+    : c10d::Backend::Options("hccl"), is_high_priority_stream(is_high_priority_stream) {}
+
+struct ProcessGroupHCCL::Call {
+  c10d::OpType type;
+  std::vector<at::Tensor> outputs;     // npu tensors reported by the work and future
+  std::vector<at::Tensor> signature;   // npu tensors whose shapes are fingerprinted
+  bool shapes_must_match = true;       // false where ranks legitimately differ
+  int64_t root = -1;
+  int64_t reduce = -1;
+  std::function<void()> finalize;      // after Gloo completed (AVG division, copies)
+
+  // A CPU alias of an npu argument (checks the device).
+  at::Tensor alias(const at::Tensor& t) {
+    TORCH_CHECK(t.defined(), "ProcessGroupHCCL: undefined tensor passed to ", op_name(type));
+    TORCH_CHECK(t.device().is_privateuseone(), "ProcessGroupHCCL: ", op_name(type),
+                " expects tensors on an npu device, got a tensor on ", t.device(),
+                " (use the gloo backend for CPU tensors, e.g. init_process_group(\"cpu:gloo,npu:hccl\"))");
+    TORCH_CHECK(!t.is_sparse(), "ProcessGroupHCCL: sparse tensors are not supported by HCCL");
+    return exec::cpu_alias(t);
+  }
+  std::vector<at::Tensor> alias(const std::vector<at::Tensor>& ts) {
+    std::vector<at::Tensor> out;
+    out.reserve(ts.size());
+    for (const auto& t : ts) out.push_back(alias(t));
+    return out;
+  }
+  std::vector<std::vector<at::Tensor>> alias(const std::vector<std::vector<at::Tensor>>& tss) {
+    std::vector<std::vector<at::Tensor>> out;
+    for (const auto& ts : tss) out.push_back(alias(ts));
+    return out;
+  }
+  int64_t bytes() const {
+    int64_t n = 0;
+    for (const auto& t : signature) n += t.numel() * t.element_size();
+    for (const auto& t : outputs) n = std::max<int64_t>(n, t.numel() * t.element_size());
+    return n;
+  }
+};
+
+ProcessGroupHCCL::ProcessGroupHCCL(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                                   c10::intrusive_ptr<Options> options)
+    : c10d::Backend(rank, size), store_(store), options_(std::move(options)) {
+  if (!options_) options_ = c10::make_intrusive<Options>();
+  auto timeout = options_->timeout;
+  if (options_->op_timeout > 0) timeout = std::chrono::milliseconds(options_->op_timeout);
+  GlooFactory make = factory();
+  gloo_ = make(store_, rank, size, timeout);
+  check_ = env_flag("TORCH_NPU_EMU_COLLECTIVE_CHECK", true);
+  if (check_ && size > 1) {
+    checker_ = make(c10::make_intrusive<c10d::PrefixStore>("hccl_fingerprint", store_), rank, size, timeout);
+  } else {
+    check_ = false;
+  }
+}
+
+ProcessGroupHCCL::~ProcessGroupHCCL() = default;
+
+void ProcessGroupHCCL::setTimeout(std::chrono::milliseconds timeout) {
+  options_->timeout = timeout;
+  gloo_->setTimeout(timeout);
+  if (checker_) checker_->setTimeout(timeout);
+}
+
+void ProcessGroupHCCL::check_fingerprint(const Call& call) {
+  constexpr int K = 8;
+  const uint64_t seq = seq_.load();
+  int64_t numel = 0, ndim = 0, hash = 1469598103934665603LL;
+  int64_t dtype = -1;
+  for (const auto& t : call.signature) {
+    numel += t.numel();
+    ndim += t.dim();
+    dtype = static_cast<int64_t>(t.scalar_type());
+    for (auto s : t.sizes()) hash = (hash ^ s) * 1099511628211LL;
+  }
+  if (!call.shapes_must_match) numel = ndim = hash = -1;
+  at::Tensor mine = at::empty({K}, at::kLong);
+  int64_t* m = mine.data_ptr<int64_t>();
+  const int64_t fields[K] = {static_cast<int64_t>(seq), static_cast<int64_t>(call.type), dtype, numel,
+                             ndim, hash, call.root, call.reduce};
+  std::copy(fields, fields + K, m);
+  at::Tensor all = at::empty({getSize() * K}, at::kLong);
+  try {
+    checker_->_allgather_base(all, mine, c10d::AllgatherOptions())->wait();
+  } catch (...) {
+    C10_THROW_ERROR(DistBackendError,
+                    "HCCL (emulated on Gloo): rank " + std::to_string(getRank()) + " of group '" +
+                        getGroupUid() + "' could not agree with its peers on collective #" +
+                        std::to_string(seq) + " (" + op_name(call.type) + "): " +
+                        exception_text(std::current_exception()) +
+                        ". A peer rank has probably exited or is stuck.");
+  }
+  const int64_t* a = all.data_ptr<int64_t>();
+  auto describe = [&](int r) {
+    const int64_t* f = a + r * K;
+    std::ostringstream os;
+    os << "rank " << r << ": collective #" << f[0] << " " << op_name(static_cast<c10d::OpType>(f[1]));
+    if (f[2] >= 0) os << " dtype=" << c10::toString(static_cast<c10::ScalarType>(f[2]));
+    if (f[3] >= 0) os << " numel=" << f[3];
+    if (f[6] >= 0) os << " root=" << f[6];
+    if (f[7] >= 0) os << " op=" << reduce_name(f[7]);
+    return os.str();
+  };
+  for (int r = 0; r < getSize(); ++r) {
+    const int64_t* f = a + r * K;
+    bool same = true;
+    for (int i : {0, 1, 2, 6, 7}) same = same && f[i] == m[i];
+    if (call.shapes_must_match && f[3] >= 0) same = same && f[3] == m[3] && f[4] == m[4] && f[5] == m[5];
+    if (!same) {
+      std::ostringstream os;
+      os << "HCCL (emulated on Gloo): mismatched collectives in group '" << getGroupUid() << "': "
+         << describe(getRank()) << " (this rank); " << describe(r)
+         << ". Every rank must call the same collectives in the same order with matching tensors "
+            "(set TORCH_NPU_EMU_COLLECTIVE_CHECK=0 to skip this check).";
+      C10_THROW_ERROR(DistBackendError, os.str());
+    }
+  }
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::launch(Call& call,
+                                                         const std::function<c10::intrusive_ptr<c10d::Work>()>& start) {
+  if (check_ && !coalescing_) check_fingerprint(call);
+  seq_++;
+  const bool timed = timeline::enabled();
+  const int64_t t0 = timed ? timeline::now_ns() : 0;
+  const int device = call.outputs.empty() ? 0 : std::max<int>(0, call.outputs[0].device().index());
+  const int64_t nbytes = call.bytes();
+
+  c10::intrusive_ptr<c10d::Work> inner = start();
+  auto future = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
+                                                         devices_of(call.outputs));
+  const std::string context = "HCCL (emulated on Gloo): " + op_name(call.type) + " #" + std::to_string(seq_.load()) +
+                              " failed on rank " + std::to_string(getRank()) + " of group '" + getGroupUid() + "': ";
+  auto finish = [future, finalize = call.finalize, outputs = call.outputs, timed, t0, device, nbytes,
+                 type = call.type, context](const std::exception_ptr& error) {
+    if (error) {
+      try {
+        C10_THROW_ERROR(DistBackendError, context + exception_text(error) +
+                                              ". A peer rank has probably exited or is stuck "
+                                              "(collective timeout: HCCL_EXEC_TIMEOUT / the group timeout).");
+      } catch (...) {
+        future->setErrorIfNeeded(std::current_exception());
+      }
+      return;
+    }
+    try {
+      if (finalize) finalize();
+    } catch (...) {
+      future->setErrorIfNeeded(std::current_exception());
+      return;
+    }
+    if (timed) {
+      timeline::record({hcom_name(type), device, 0, t0, timeline::now_ns(), timeline::Kind::Communication, nbytes, 0});
+    }
+    future->markCompleted(c10::IValue(c10::List<at::Tensor>(outputs)));
+  };
+
+  c10::intrusive_ptr<c10::ivalue::Future> inner_future;
+  try {
+    inner_future = inner->getFuture();
+  } catch (const c10::Error&) {
+    inner_future = nullptr;  // e.g. point-to-point works: completed in wait()
+  }
+  std::function<void()> complete_on_wait;
+  if (inner_future) {
+    inner_future->addCallback([finish](c10::ivalue::Future& f) {
+      finish(f.hasError() ? f.exception_ptr() : nullptr);
+    });
+  } else {
+    complete_on_wait = [inner, finish] {
+      try {
+        inner->wait();
+        finish(nullptr);
+      } catch (...) {
+        finish(std::current_exception());
+      }
+    };
+  }
+  return c10::make_intrusive<WorkHCCL>(getRank(), call.type, inner, future, call.outputs, complete_on_wait);
+}
+
+// ---- collectives ---------------------------------------------------------
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::broadcast(std::vector<at::Tensor>& tensors,
+                                                           const c10d::BroadcastOptions& opts) {
+  Call call{c10d::OpType::BROADCAST, tensors, tensors};
+  call.root = opts.rootRank;
+  auto cpu = call.alias(tensors);
+  return launch(call, [&] { return gloo_->broadcast(cpu, opts); });
+}
+
+namespace {
+// Gloo has no AVG and no PREMUL_SUM: SUM, then divide / pre-scale.
+c10d::ReduceOp gloo_reduce_op(const c10d::ReduceOp& op) {
+  if (op == c10d::ReduceOp::AVG || op == c10d::ReduceOp::PREMUL_SUM) return c10d::ReduceOp(c10d::ReduceOp::SUM);
+  return op;
+}
+void divide_by(std::vector<at::Tensor>& cpu, int size) {
+  for (auto& t : cpu) {
+    if (at::isFloatingType(t.scalar_type()) || at::isComplexType(t.scalar_type())) {
+      t.div_(size);
+    } else {
+      t.div_(size, "trunc");
+    }
+  }
+}
+}  // namespace
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::allreduce(std::vector<at::Tensor>& tensors,
+                                                           const c10d::AllreduceOptions& opts) {
+  Call call{c10d::OpType::ALLREDUCE, tensors, tensors};
+  call.reduce = static_cast<int64_t>(static_cast<c10d::ReduceOp::RedOpType>(opts.reduceOp));
+  auto cpu = call.alias(tensors);
+  c10d::AllreduceOptions o = opts;
+  o.reduceOp = gloo_reduce_op(opts.reduceOp);
+  if (opts.reduceOp == c10d::ReduceOp::PREMUL_SUM) {
+    const double f = premul_factor(opts.reduceOp);
+    for (auto& t : cpu) t.mul_(f);  // in place: the buffer receives the result anyway
+  }
+  if (opts.reduceOp == c10d::ReduceOp::AVG) {
+    const int size = getSize();
+    call.finalize = [cpu, size]() mutable { divide_by(cpu, size); };
+  }
+  return launch(call, [&] { return gloo_->allreduce(cpu, o); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                                     const c10d::AllreduceCoalescedOptions& opts) {
+  Call call{c10d::OpType::ALLREDUCE_COALESCED, tensors, tensors};
+  call.reduce = static_cast<int64_t>(static_cast<c10d::ReduceOp::RedOpType>(opts.reduceOp));
+  auto cpu = call.alias(tensors);
+  c10d::AllreduceCoalescedOptions o = opts;
+  o.reduceOp = gloo_reduce_op(opts.reduceOp);
+  if (opts.reduceOp == c10d::ReduceOp::PREMUL_SUM) {
+    const double f = premul_factor(opts.reduceOp);
+    for (auto& t : cpu) t.mul_(f);
+  }
+  if (opts.reduceOp == c10d::ReduceOp::AVG) {
+    const int size = getSize();
+    call.finalize = [cpu, size]() mutable { divide_by(cpu, size); };
+  }
+  return launch(call, [&] { return gloo_->allreduce_coalesced(cpu, o); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::reduce(std::vector<at::Tensor>& tensors,
+                                                        const c10d::ReduceOptions& opts) {
+  Call call{c10d::OpType::REDUCE, tensors, tensors};
+  call.root = opts.rootRank;
+  call.reduce = static_cast<int64_t>(static_cast<c10d::ReduceOp::RedOpType>(opts.reduceOp));
+  auto cpu = call.alias(tensors);
+  c10d::ReduceOptions o = opts;
+  o.reduceOp = gloo_reduce_op(opts.reduceOp);
+  if (opts.reduceOp == c10d::ReduceOp::PREMUL_SUM) {
+    const double f = premul_factor(opts.reduceOp);
+    for (auto& t : cpu) t.mul_(f);
+  }
+  if (opts.reduceOp == c10d::ReduceOp::AVG && getRank() == opts.rootRank) {
+    const int size = getSize();
+    call.finalize = [cpu, size]() mutable { divide_by(cpu, size); };
+  }
+  return launch(call, [&] { return gloo_->reduce(cpu, o); });
+}
+
+namespace {
+std::vector<at::Tensor> flatten(const std::vector<std::vector<at::Tensor>>& tss) {
+  std::vector<at::Tensor> out;
+  for (const auto& ts : tss) out.insert(out.end(), ts.begin(), ts.end());
+  return out;
+}
+}  // namespace
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                           std::vector<at::Tensor>& inputs,
+                                                           const c10d::AllgatherOptions& opts) {
+  Call call{c10d::OpType::ALLGATHER, flatten(outputs), inputs};
+  auto out = call.alias(outputs);
+  auto in = call.alias(inputs);
+  return launch(call, [&] { return gloo_->allgather(out, in, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::_allgather_base(at::Tensor& output, at::Tensor& input,
+                                                                 const c10d::AllgatherOptions& opts) {
+  Call call{c10d::OpType::_ALLGATHER_BASE, {output}, {input}};
+  auto out = call.alias(output);
+  auto in = call.alias(input);
+  return launch(call, [&] { return gloo_->_allgather_base(out, in, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                                     std::vector<at::Tensor>& inputs,
+                                                                     const c10d::AllgatherOptions& opts) {
+  Call call{c10d::OpType::ALLGATHER_COALESCED, flatten(outputs), inputs};
+  auto out = call.alias(outputs);
+  auto in = call.alias(inputs);
+  return launch(call, [&] { return gloo_->allgather_coalesced(out, in, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                                 std::vector<at::Tensor>& inputs,
+                                                                                 const c10d::AllgatherOptions& opts) {
+  Call call{c10d::OpType::ALLGATHER_COALESCED, outputs, inputs};
+  auto out = call.alias(outputs);
+  auto in = call.alias(inputs);
+  return launch(call, [&] { return gloo_->allgather_into_tensor_coalesced(out, in, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                        std::vector<at::Tensor>& inputs,
+                                                        const c10d::GatherOptions& opts) {
+  Call call{c10d::OpType::GATHER, flatten(outputs), inputs};
+  call.root = opts.rootRank;
+  auto out = call.alias(outputs);
+  auto in = call.alias(inputs);
+  return launch(call, [&] { return gloo_->gather(out, in, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::scatter(std::vector<at::Tensor>& outputs,
+                                                         std::vector<std::vector<at::Tensor>>& inputs,
+                                                         const c10d::ScatterOptions& opts) {
+  Call call{c10d::OpType::SCATTER, outputs, outputs};
+  call.root = opts.rootRank;
+  auto out = call.alias(outputs);
+  auto in = call.alias(inputs);
+  return launch(call, [&] { return gloo_->scatter(out, in, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                                const c10d::ReduceScatterOptions& opts) {
+  Call call{c10d::OpType::REDUCE_SCATTER, outputs, flatten(inputs)};
+  call.reduce = static_cast<int64_t>(static_cast<c10d::ReduceOp::RedOpType>(opts.reduceOp));
+  auto out = call.alias(outputs);
+  auto in = call.alias(inputs);
+  c10d::ReduceScatterOptions o = opts;
+  o.reduceOp = gloo_reduce_op(opts.reduceOp);
+  if (opts.reduceOp == c10d::ReduceOp::PREMUL_SUM) {
+    const double f = premul_factor(opts.reduceOp);
+    for (auto& ts : in) {
+      for (auto& t : ts) t = t * f;  // scaled copies: the inputs stay untouched
+    }
+  }
+  if (opts.reduceOp == c10d::ReduceOp::AVG) {
+    const int size = getSize();
+    call.finalize = [out, size]() mutable { divide_by(out, size); };
+  }
+  return launch(call, [&] { return gloo_->reduce_scatter(out, in, o); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                                      const c10d::ReduceScatterOptions& opts) {
+  Call call{c10d::OpType::_REDUCE_SCATTER_BASE, {output}, {input}};
+  call.reduce = static_cast<int64_t>(static_cast<c10d::ReduceOp::RedOpType>(opts.reduceOp));
+  auto out = call.alias(output);
+  auto in = call.alias(input);
+  c10d::ReduceScatterOptions o = opts;
+  o.reduceOp = gloo_reduce_op(opts.reduceOp);
+  if (opts.reduceOp == c10d::ReduceOp::PREMUL_SUM) in = in * premul_factor(opts.reduceOp);
+  if (opts.reduceOp == c10d::ReduceOp::AVG) {
+    std::vector<at::Tensor> outs{out};
+    const int size = getSize();
+    call.finalize = [outs, size]() mutable { divide_by(outs, size); };
+  }
+  return launch(call, [&] { return gloo_->_reduce_scatter_base(out, in, o); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::reduce_scatter_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) {
+  Call call{c10d::OpType::REDUCE_SCATTER, outputs, inputs};
+  call.reduce = static_cast<int64_t>(static_cast<c10d::ReduceOp::RedOpType>(opts.reduceOp));
+  auto out = call.alias(outputs);
+  auto in = call.alias(inputs);
+  c10d::ReduceScatterOptions o = opts;
+  o.reduceOp = gloo_reduce_op(opts.reduceOp);
+  if (opts.reduceOp == c10d::ReduceOp::PREMUL_SUM) {
+    const double f = premul_factor(opts.reduceOp);
+    for (auto& t : in) t = t * f;
+  }
+  if (opts.reduceOp == c10d::ReduceOp::AVG) {
+    const int size = getSize();
+    call.finalize = [out, size]() mutable { divide_by(out, size); };
+  }
+  return launch(call, [&] { return gloo_->reduce_scatter_tensor_coalesced(out, in, o); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::alltoall_base(at::Tensor& output, at::Tensor& input,
+                                                               std::vector<int64_t>& output_split_sizes,
+                                                               std::vector<int64_t>& input_split_sizes,
+                                                               const c10d::AllToAllOptions& opts) {
+  Call call{c10d::OpType::ALLTOALL_BASE, {output}, {input}};
+  call.shapes_must_match = output_split_sizes.empty() && input_split_sizes.empty();
+  auto out = call.alias(output);
+  auto in = call.alias(input);
+  return launch(call, [&] { return gloo_->alltoall_base(out, in, output_split_sizes, input_split_sizes, opts); });
+}
+
+// Gloo has no list all_to_all: pack into one buffer, run the split form,
+// and unpack into the outputs when it completes.
+c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::alltoall(std::vector<at::Tensor>& outputs,
+                                                          std::vector<at::Tensor>& inputs,
+                                                          const c10d::AllToAllOptions& opts) {
+  Call call{c10d::OpType::ALLTOALL, outputs, inputs};
+  call.shapes_must_match = false;
+  auto out = call.alias(outputs);
+  auto in = call.alias(inputs);
+  TORCH_CHECK(static_cast<int>(in.size()) == getSize() && static_cast<int>(out.size()) == getSize(),
+              "ProcessGroupHCCL: all_to_all expects one input and one output tensor per rank");
+  std::vector<at::Tensor> flat_in;
+  std::vector<int64_t> in_splits, out_splits;
+  for (auto& t : in) {
+    flat_in.push_back(t.reshape({-1}));
+    in_splits.push_back(t.numel());
+  }
+  for (auto& t : out) out_splits.push_back(t.numel());
+  at::Tensor send = at::cat(flat_in);
+  int64_t total_out = 0;
+  for (auto n : out_splits) total_out += n;
+  at::Tensor recv = at::empty({total_out}, send.options());
+  call.finalize = [out, recv, out_splits]() mutable {
+    int64_t off = 0;
+    for (size_t i = 0; i < out.size(); ++i) {
+      out[i].copy_(recv.narrow(0, off, out_splits[i]).view(out[i].sizes()));
+      off += out_splits[i];
+    }
+  };
+  return launch(call, [&] { return gloo_->alltoall_base(recv, send, out_splits, in_splits, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
+  Call call{c10d::OpType::SEND, tensors, tensors};
+  auto cpu = call.alias(tensors);
+  const bool check = check_;
+  check_ = false;  // point-to-point: no group-wide fingerprint
+  auto w = launch(call, [&] { return gloo_->send(cpu, dst_rank, tag); });
+  check_ = check;
+  return w;
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) {
+  Call call{c10d::OpType::RECV, tensors, tensors};
+  auto cpu = call.alias(tensors);
+  const bool check = check_;
+  check_ = false;
+  auto w = launch(call, [&] { return gloo_->recv(cpu, src_rank, tag); });
+  check_ = check;
+  return w;
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
+  Call call{c10d::OpType::RECVANYSOURCE, tensors, tensors};
+  auto cpu = call.alias(tensors);
+  const bool check = check_;
+  check_ = false;
+  auto w = launch(call, [&] { return gloo_->recvAnysource(cpu, tag); });
+  check_ = check;
+  return w;
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::barrier(const c10d::BarrierOptions& opts) {
+  Call call{c10d::OpType::BARRIER, {}, {}};
+  return launch(call, [&] { return gloo_->barrier(opts); });
+}
+
+void ProcessGroupHCCL::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) {
+  gloo_->monitoredBarrier(opts, wait_all_ranks);
+}
+
+void ProcessGroupHCCL::startCoalescing() {
+  coalescing_ = true;
+  gloo_->startCoalescing();
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::endCoalescing() {
+  coalescing_ = false;
+  return gloo_->endCoalescing();
+}
+
+c10::intrusive_ptr<c10d::Backend> ProcessGroupHCCL::split(const c10::intrusive_ptr<c10d::Store>& store,
+                                                          const std::vector<int>& ranks,
+                                                          const c10::intrusive_ptr<c10d::Backend::Options>& opts) {
+  auto it = std::find(ranks.begin(), ranks.end(), getRank());
+  if (it == ranks.end()) return nullptr;  // this rank is not in the new group
+  auto options = c10::make_intrusive<Options>(options_->is_high_priority_stream);
+  options->timeout = opts ? opts->timeout : options_->timeout;
+  if (opts) {
+    options->global_ranks_in_group = opts->global_ranks_in_group;
+    options->group_name = opts->group_name;
+  }
+  options->hccl_config = options_->hccl_config;
+  options->op_timeout = options_->op_timeout;
+  auto pg = c10::make_intrusive<ProcessGroupHCCL>(store, static_cast<int>(it - ranks.begin()),
+                                                  static_cast<int>(ranks.size()), options);
+  pg->set_collective_check(check_);
+  return pg;
+}
+
+void ProcessGroupHCCL::abort() {
+  gloo_->abort();
+  if (checker_) checker_->abort();
+}
+
+void ProcessGroupHCCL::shutdown() {
+  gloo_->shutdown();
+  if (checker_) checker_->shutdown();
+}
+
+}  // namespace torch_npu::distributed

@@ -1,0 +1,95 @@
+"""What torch_npu changes in torch.distributed at import.
+
+- ``init_process_group()`` without a backend uses ``hccl`` for npu tensors
+  (and Gloo for CPU tensors), as on a real Ascend install.
+- ``torch.distributed`` gains ``is_hccl_available``, ``reinit_process_group``
+  and ``ProcessGroupHCCL``.
+- DDP's ``bf16_compress_hook`` casts on the bucket's device (upstream's
+  hard-codes CUDA).
+- ``monitored_barrier`` works on an hccl group (upstream insists on a group
+  named "gloo"): it runs on the group's Gloo engine.
+"""
+import functools
+
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+from torch_npu._C._distributed_c10d import ProcessGroupHCCL
+from .distributed_c10d import is_hccl_available, reinit_process_group
+
+_applied = False
+
+
+def _patch_init_process_group():
+    original = c10d.init_process_group
+
+    @functools.wraps(original)
+    def init_process_group(backend=None, *args, **kwargs):
+        if backend is None:
+            backend = "cpu:gloo,npu:hccl"
+        return original(backend, *args, **kwargs)
+
+    c10d.init_process_group = init_process_group
+    dist.init_process_group = init_process_group
+
+
+def _bf16_compress_hook(process_group, bucket):
+    group = process_group if process_group is not None else dist.group.WORLD
+    world = group.size()
+    buffer = bucket.buffer()
+    compressed = buffer.to(torch.bfloat16).div_(world)
+    fut = dist.all_reduce(compressed, group=group, async_op=True).get_future()
+
+    def decompress(fut):
+        buffer.copy_(fut.value()[0])
+        return buffer
+
+    return fut.then(decompress)
+
+
+def _patch_ddp_hooks():
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    original = default_hooks.bf16_compress_hook
+
+    @functools.wraps(original)
+    def bf16_compress_hook(process_group, bucket):
+        if bucket.buffer().device.type == "npu":
+            return _bf16_compress_hook(process_group, bucket)
+        return original(process_group, bucket)
+
+    default_hooks.bf16_compress_hook = bf16_compress_hook
+
+
+def _patch_monitored_barrier():
+    original = c10d.monitored_barrier
+
+    @functools.wraps(original)
+    def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
+        pg = group or c10d._get_default_group()
+        try:
+            backend = pg._get_backend(torch.device("npu"))
+        except RuntimeError:
+            backend = None
+        if isinstance(backend, ProcessGroupHCCL):
+            if timeout is None:
+                timeout = c10d._get_default_timeout(c10d.Backend.GLOO)
+            return backend._gloo.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
+        return original(group, timeout, wait_all_ranks)
+
+    c10d.monitored_barrier = monitored_barrier
+    dist.monitored_barrier = monitored_barrier
+
+
+def apply():
+    global _applied
+    if _applied:
+        return
+    _applied = True
+    _patch_init_process_group()
+    _patch_ddp_hooks()
+    _patch_monitored_barrier()
+    dist.is_hccl_available = is_hccl_available
+    dist.reinit_process_group = reinit_process_group
+    dist.ProcessGroupHCCL = ProcessGroupHCCL
+    c10d.is_hccl_available = is_hccl_available
