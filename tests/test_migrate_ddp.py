@@ -26,9 +26,10 @@ def test_ddp_sample_runs_with_hccl(tmp_path):
     shutil.copy(SAMPLES / "ddp_train.py", fixed)
     assert main(["migrate", "--fix", str(fixed)]) == 0
     runs = {}
-    procs = {"transfer": _launch(SAMPLES / "ddp_train.py", {"TORCH_TRANSFER_TO_NPU": 1}),
-             "fixed": _launch(fixed, {"TORCH_TRANSFER_TO_NPU": 0})}
-    for name, proc in procs.items():
+    for name, script, env in (("transfer", SAMPLES / "ddp_train.py", {"TORCH_TRANSFER_TO_NPU": 1}),
+                              ("fixed", fixed, {"TORCH_TRANSFER_TO_NPU": 0})):
+        # one launch at a time: two concurrent torchrun jobs lost output lines here
+        proc = _launch(script, env)
         out, err = proc.communicate(timeout=150)
         assert proc.returncode == 0, f"{name}: {err[-3000:]}"
         runs[name] = sorted(line for line in out.splitlines() if line.startswith("rank "))
