@@ -36,6 +36,11 @@ setup(
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
     entry_points={
         "torch.backends": ["torch_npu = torch_npu:_autoload"],
+        "torch_dynamo_backends": [
+            "npu = torch_npu.dynamo.backends:_npu_backend",
+            "npugraph_ex = torch_npu.dynamo.backends:_npugraph_ex_backend",
+            "npugraphs = torch_npu.dynamo.backends:_npugraphs_backend",
+        ],
         "console_scripts": [
             "torch_npu_run = torch_npu.distributed.run:_main",
             "torch-npu = torch_npu.cli:main",

@@ -66,7 +66,7 @@ def _native_npu_ops():
 _kernel_registration = torch_npu._C._initExtension(_native_npu_ops())
 
 torch.version.cann = torch_npu.version.cann
-# torch_npu._C._get_cann_version/_is_gte_cann_version in Python until the core has them.
+# torch_npu._C._get_cann_version/_is_gte_cann_version answer from the emulated CANN (Python).
 torch_npu.utils._cann.install_c_fallbacks()
 
 # The emulated device computes with CPU kernels (OpenMP). PyTorch would run

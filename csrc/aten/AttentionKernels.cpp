@@ -1,10 +1,15 @@
 // scaled_dot_product_attention asks a per-device stub which fused kernel to
 // use. Answer for npu exactly as the CPU does, so npu runs the same
 // (flash-attention-for-CPU) kernel on zero-copy aliases.
-#include <ATen/ops/_fused_sdp_choice.h>
 #include <ATen/native/transformers/attention.h>
 
-#include "aten/OpExecution.h"
+
+namespace at::native {
+// The CPU answer (exported by libtorch_cpu; no public header declares it).
+int64_t _fused_sdp_choice_cpp(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                              const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
+                              std::optional<double> scale, bool enable_gqa);
+}  // namespace at::native
 
 namespace torch_npu::kernels {
 namespace {
@@ -12,17 +17,10 @@ namespace {
 int64_t npu_fused_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                              const std::optional<at::Tensor>& mask, double dropout_p, bool is_causal,
                              std::optional<double> scale, bool enable_gqa) {
-  // The choice depends on requires_grad (no fused kernel for a mask that
-  // needs a gradient), so the aliases carry it.
-  auto alias = [](const at::Tensor& t) {
-    if (t.device().type() != c10::DeviceType::PrivateUse1) return t;
-    at::Tensor a = exec::cpu_alias(t);
-    if (t.requires_grad()) a.requires_grad_(true);
-    return a;
-  };
-  std::optional<at::Tensor> m;
-  if (mask.has_value() && mask->defined()) m = alias(*mask);
-  return at::_fused_sdp_choice(alias(q), alias(k), alias(v), m, dropout_p, is_causal, scale, enable_gqa);
+  // The CPU rules read only metadata (shapes, strides, dtypes, requires_grad),
+  // so they apply to the npu tensors as they are - fake tensors included,
+  // which is what torch.compile passes while tracing.
+  return at::native::_fused_sdp_choice_cpp(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa);
 }
 
 }  // namespace

@@ -16,10 +16,37 @@
 #include "core/NPUGenerator.h"
 #include "runtime/AclRuntime.h"
 
+#include <algorithm>
+#include <mutex>
+#include <vector>
+
 namespace torch_npu::exec {
 namespace {
 
-std::atomic<KernelObserver*> g_observer{nullptr};
+// Fans one kernel event out to every registered observer. The list is
+// copy-on-write; replaced lists are leaked on purpose (a kernel running on
+// another thread may still read one; changes are rare).
+class ObserverList final : public KernelObserver {
+ public:
+  explicit ObserverList(std::vector<KernelObserver*> observers) : observers_(std::move(observers)) {}
+  void on_kernel_begin(const c10::OperatorHandle& op, int device) override {
+    for (auto* o : observers_) o->on_kernel_begin(op, device);
+  }
+  void on_kernel_end(const c10::OperatorHandle& op, int device, const KernelInfo& info) override {
+    for (auto it = observers_.rbegin(); it != observers_.rend(); ++it) (*it)->on_kernel_end(op, device, info);
+  }
+  const std::vector<KernelObserver*>& observers() const { return observers_; }
+
+ private:
+  std::vector<KernelObserver*> observers_;
+};
+
+std::mutex g_observer_mu;
+std::atomic<ObserverList*> g_observer{nullptr};
+
+void publish_observers(std::vector<KernelObserver*> observers) {
+  g_observer.store(observers.empty() ? nullptr : new ObserverList(std::move(observers)));
+}
 
 struct AliasEntry {
   at::Tensor orig;
@@ -104,7 +131,24 @@ bool is_generator_arg(const c10::Argument& arg) {
 
 }  // namespace
 
-void set_kernel_observer(KernelObserver* observer) { g_observer.store(observer); }
+void add_kernel_observer(KernelObserver* observer) {
+  std::lock_guard<std::mutex> g(g_observer_mu);
+  ObserverList* cur = g_observer.load();
+  std::vector<KernelObserver*> next = cur ? cur->observers() : std::vector<KernelObserver*>{};
+  if (std::find(next.begin(), next.end(), observer) != next.end()) return;
+  next.push_back(observer);
+  publish_observers(std::move(next));
+}
+
+void remove_kernel_observer(KernelObserver* observer) {
+  std::lock_guard<std::mutex> g(g_observer_mu);
+  ObserverList* cur = g_observer.load();
+  if (!cur) return;
+  std::vector<KernelObserver*> next = cur->observers();
+  next.erase(std::remove(next.begin(), next.end(), observer), next.end());
+  publish_observers(std::move(next));
+}
+
 KernelObserver* kernel_observer() { return g_observer.load(std::memory_order_relaxed); }
 
 KernelScope::KernelScope(const c10::OperatorHandle& op, int device)

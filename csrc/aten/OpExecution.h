@@ -85,7 +85,12 @@ struct KernelObserver {
   virtual void on_kernel_begin(const c10::OperatorHandle& op, int device) = 0;
   virtual void on_kernel_end(const c10::OperatorHandle& op, int device, const KernelInfo& info) = 0;
 };
-void set_kernel_observer(KernelObserver* observer);
+// Several layers may observe at once (the profiler timeline, later a
+// tracer): observers are added and removed independently. With none, the
+// execution layer pays one relaxed atomic load per kernel.
+void add_kernel_observer(KernelObserver* observer);
+void remove_kernel_observer(KernelObserver* observer);
+// What the execution layer calls: nullptr when nobody observes.
 KernelObserver* kernel_observer();
 
 // What every npu kernel body runs inside: CPU allocations go to the device

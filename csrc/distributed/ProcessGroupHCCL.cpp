@@ -104,7 +104,7 @@ class WorkHCCL final : public c10d::Work {
  public:
   WorkHCCL(int rank, c10d::OpType type, c10::intrusive_ptr<c10d::Work> inner,
            c10::intrusive_ptr<c10::ivalue::Future> future, std::vector<at::Tensor> outputs,
-           std::function<void()> complete_on_wait)
+           std::function<void(std::exception_ptr)> complete_on_wait)
       : c10d::Work(rank, type),
         inner_(std::move(inner)),
         future_(std::move(future)),
@@ -124,7 +124,9 @@ class WorkHCCL final : public c10d::Work {
       inner_error = std::current_exception();
     }
     if (complete_on_wait_) {
-      std::call_once(once_, [&] { complete_on_wait_(); });
+      // Gloo's point-to-point works have no future and must be waited on
+      // exactly once (a second wait blocks for another message).
+      std::call_once(once_, [&] { complete_on_wait_(inner_error); });
     }
     if (inner_error && !future_->completed()) std::rethrow_exception(inner_error);
     future_->wait();
@@ -138,8 +140,64 @@ class WorkHCCL final : public c10d::Work {
   c10::intrusive_ptr<c10d::Work> inner_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   std::vector<at::Tensor> outputs_;
-  std::function<void()> complete_on_wait_;
+  std::function<void(std::exception_ptr)> complete_on_wait_;
   std::once_flag once_;
+};
+
+// Work of a coalesced block (startCoalescing .. endCoalescing): Gloo has no
+// coalescing, so the calls ran one by one; this work completes when all did.
+class CoalescedWorkHCCL final : public c10d::Work {
+ public:
+  CoalescedWorkHCCL(int rank, std::vector<c10::intrusive_ptr<c10d::Work>> works, std::vector<at::Tensor> outputs,
+                    std::vector<c10::Device> devices)
+      : c10d::Work(rank, c10d::OpType::COALESCED),
+        works_(std::move(works)),
+        future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
+                                                         std::move(devices))),
+        outputs_(std::move(outputs)) {
+    if (works_.empty()) {
+      future_->markCompleted(c10::IValue(c10::List<at::Tensor>(outputs_)));
+      return;
+    }
+    struct State {
+      std::mutex mu;
+      size_t remaining;
+    };
+    auto state = std::make_shared<State>();
+    state->remaining = works_.size();
+    for (auto& w : works_) {
+      w->getFuture()->addCallback([state, future = future_, outputs = outputs_](c10::ivalue::Future& f) {
+        std::lock_guard<std::mutex> g(state->mu);
+        if (future->completed()) return;
+        if (f.hasError()) {
+          future->setError(f.exception_ptr());
+        } else if (--state->remaining == 0) {
+          future->markCompleted(c10::IValue(c10::List<at::Tensor>(outputs)));
+        }
+      });
+    }
+  }
+
+  bool isCompleted() override { return future_->completed(); }
+  bool isSuccess() const override { return future_->completed() && !future_->hasError(); }
+  std::exception_ptr exception() const override { return future_->exception_ptr(); }
+  std::vector<at::Tensor> result() override { return outputs_; }
+  void synchronize() override {}
+  bool wait(std::chrono::milliseconds timeout) override {
+    for (auto& w : works_) w->wait(timeout);
+    future_->wait();
+    if (future_->hasError()) std::rethrow_exception(future_->exception_ptr());
+    return true;
+  }
+  void abort() override {
+    for (auto& w : works_) w->abort();
+  }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+
+ private:
+  std::vector<c10::intrusive_ptr<c10d::Work>> works_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+  std::vector<at::Tensor> outputs_;
 };
 
 std::vector<c10::Device> devices_of(const std::vector<at::Tensor>& tensors) {
@@ -172,6 +230,7 @@ struct ProcessGroupHCCL::Call {
   std::vector<at::Tensor> outputs;     // npu tensors reported by the work and future
   std::vector<at::Tensor> signature;   // npu tensors whose shapes are fingerprinted
   bool shapes_must_match = true;       // false where ranks legitimately differ
+  bool collective = true;              // false for point-to-point calls
   int64_t root = -1;
   int64_t reduce = -1;
   std::function<void()> finalize;      // after Gloo completed (AVG division, copies)
@@ -285,8 +344,12 @@ void ProcessGroupHCCL::check_fingerprint(const Call& call) {
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::launch(Call& call,
                                                          const std::function<c10::intrusive_ptr<c10d::Work>()>& start) {
-  if (check_ && !coalescing_) check_fingerprint(call);
-  seq_++;
+  // Point-to-point calls involve two ranks only: they are neither
+  // fingerprinted nor counted in the group's collective sequence.
+  if (call.collective) {
+    if (check_) check_fingerprint(call);
+    seq_++;
+  }
   const bool timed = timeline::enabled();
   const int64_t t0 = timed ? timeline::now_ns() : 0;
   const int device = call.outputs.empty() ? 0 : std::max<int>(0, call.outputs[0].device().index());
@@ -327,22 +390,17 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::launch(Call& call,
   } catch (const c10::Error&) {
     inner_future = nullptr;  // e.g. point-to-point works: completed in wait()
   }
-  std::function<void()> complete_on_wait;
+  std::function<void(std::exception_ptr)> complete_on_wait;
   if (inner_future) {
     inner_future->addCallback([finish](c10::ivalue::Future& f) {
       finish(f.hasError() ? f.exception_ptr() : nullptr);
     });
   } else {
-    complete_on_wait = [inner, finish] {
-      try {
-        inner->wait();
-        finish(nullptr);
-      } catch (...) {
-        finish(std::current_exception());
-      }
-    };
+    complete_on_wait = [finish](std::exception_ptr error) { finish(error); };
   }
-  return c10::make_intrusive<WorkHCCL>(getRank(), call.type, inner, future, call.outputs, complete_on_wait);
+  auto work = c10::make_intrusive<WorkHCCL>(getRank(), call.type, inner, future, call.outputs, complete_on_wait);
+  if (coalescing_) coalesced_.push_back(work);
+  return work;
 }
 
 // ---- collectives ---------------------------------------------------------
@@ -428,6 +486,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::reduce(std::vector<at::Tensor>&
 }
 
 namespace {
+// Gloo's single-tensor gather/scatter want the big tensor shaped
+// (world * rows, ...) like the small one; c10d (as NCCL) only asks for
+// world * numel elements, e.g. a (world, n) output for an (n,) input.
+at::Tensor flat(const at::Tensor& t, c10d::OpType type) {
+  TORCH_CHECK(t.is_contiguous(), "ProcessGroupHCCL: ", op_name(type), " expects contiguous tensors");
+  return t.view({-1});
+}
+
 std::vector<at::Tensor> flatten(const std::vector<std::vector<at::Tensor>>& tss) {
   std::vector<at::Tensor> out;
   for (const auto& ts : tss) out.insert(out.end(), ts.begin(), ts.end());
@@ -447,8 +513,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::allgather(std::vector<std::vect
 c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                                  const c10d::AllgatherOptions& opts) {
   Call call{c10d::OpType::_ALLGATHER_BASE, {output}, {input}};
-  auto out = call.alias(output);
-  auto in = call.alias(input);
+  auto out = flat(call.alias(output), call.type);
+  auto in = flat(call.alias(input), call.type);
   return launch(call, [&] { return gloo_->_allgather_base(out, in, opts); });
 }
 
@@ -461,13 +527,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::allgather_coalesced(std::vector
   return launch(call, [&] { return gloo_->allgather_coalesced(out, in, opts); });
 }
 
+// One single-tensor collective per pair; the returned work completes with all.
 c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                                                  std::vector<at::Tensor>& inputs,
                                                                                  const c10d::AllgatherOptions& opts) {
-  Call call{c10d::OpType::ALLGATHER_COALESCED, outputs, inputs};
-  auto out = call.alias(outputs);
-  auto in = call.alias(inputs);
-  return launch(call, [&] { return gloo_->allgather_into_tensor_coalesced(out, in, opts); });
+  TORCH_CHECK(outputs.size() == inputs.size(),
+              "ProcessGroupHCCL: allgather_into_tensor_coalesced needs as many outputs as inputs");
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  for (size_t i = 0; i < inputs.size(); ++i) works.push_back(_allgather_base(outputs[i], inputs[i], opts));
+  return c10::make_intrusive<CoalescedWorkHCCL>(getRank(), std::move(works), outputs, devices_of(outputs));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::gather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -516,8 +584,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::_reduce_scatter_base(at::Tensor
                                                                       const c10d::ReduceScatterOptions& opts) {
   Call call{c10d::OpType::_REDUCE_SCATTER_BASE, {output}, {input}};
   call.reduce = static_cast<int64_t>(static_cast<c10d::ReduceOp::RedOpType>(opts.reduceOp));
-  auto out = call.alias(output);
-  auto in = call.alias(input);
+  auto out = flat(call.alias(output), call.type);
+  auto in = flat(call.alias(input), call.type);
   c10d::ReduceScatterOptions o = opts;
   o.reduceOp = gloo_reduce_op(opts.reduceOp);
   if (opts.reduceOp == c10d::ReduceOp::PREMUL_SUM) in = in * premul_factor(opts.reduceOp);
@@ -531,21 +599,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::_reduce_scatter_base(at::Tensor
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::reduce_scatter_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) {
-  Call call{c10d::OpType::REDUCE_SCATTER, outputs, inputs};
-  call.reduce = static_cast<int64_t>(static_cast<c10d::ReduceOp::RedOpType>(opts.reduceOp));
-  auto out = call.alias(outputs);
-  auto in = call.alias(inputs);
-  c10d::ReduceScatterOptions o = opts;
-  o.reduceOp = gloo_reduce_op(opts.reduceOp);
-  if (opts.reduceOp == c10d::ReduceOp::PREMUL_SUM) {
-    const double f = premul_factor(opts.reduceOp);
-    for (auto& t : in) t = t * f;
-  }
-  if (opts.reduceOp == c10d::ReduceOp::AVG) {
-    const int size = getSize();
-    call.finalize = [out, size]() mutable { divide_by(out, size); };
-  }
-  return launch(call, [&] { return gloo_->reduce_scatter_tensor_coalesced(out, in, o); });
+  TORCH_CHECK(outputs.size() == inputs.size(),
+              "ProcessGroupHCCL: reduce_scatter_tensor_coalesced needs as many outputs as inputs");
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  for (size_t i = 0; i < inputs.size(); ++i) works.push_back(_reduce_scatter_base(outputs[i], inputs[i], opts));
+  return c10::make_intrusive<CoalescedWorkHCCL>(getRank(), std::move(works), outputs, devices_of(outputs));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::alltoall_base(at::Tensor& output, at::Tensor& input,
@@ -594,31 +652,22 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::alltoall(std::vector<at::Tensor
 c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
   Call call{c10d::OpType::SEND, tensors, tensors};
   auto cpu = call.alias(tensors);
-  const bool check = check_;
-  check_ = false;  // point-to-point: no group-wide fingerprint
-  auto w = launch(call, [&] { return gloo_->send(cpu, dst_rank, tag); });
-  check_ = check;
-  return w;
+  call.collective = false;
+  return launch(call, [&] { return gloo_->send(cpu, dst_rank, tag); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) {
   Call call{c10d::OpType::RECV, tensors, tensors};
   auto cpu = call.alias(tensors);
-  const bool check = check_;
-  check_ = false;
-  auto w = launch(call, [&] { return gloo_->recv(cpu, src_rank, tag); });
-  check_ = check;
-  return w;
+  call.collective = false;
+  return launch(call, [&] { return gloo_->recv(cpu, src_rank, tag); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
   Call call{c10d::OpType::RECVANYSOURCE, tensors, tensors};
   auto cpu = call.alias(tensors);
-  const bool check = check_;
-  check_ = false;
-  auto w = launch(call, [&] { return gloo_->recvAnysource(cpu, tag); });
-  check_ = check;
-  return w;
+  call.collective = false;
+  return launch(call, [&] { return gloo_->recvAnysource(cpu, tag); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::barrier(const c10d::BarrierOptions& opts) {
@@ -630,14 +679,25 @@ void ProcessGroupHCCL::monitoredBarrier(const c10d::BarrierOptions& opts, bool w
   gloo_->monitoredBarrier(opts, wait_all_ranks);
 }
 
+// Gloo has no coalescing: calls in the block run as they come, and the
+// block's work completes when all of them have.
 void ProcessGroupHCCL::startCoalescing() {
+  TORCH_CHECK(!coalescing_, "ProcessGroupHCCL: startCoalescing called twice without endCoalescing");
   coalescing_ = true;
-  gloo_->startCoalescing();
+  coalesced_.clear();
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::endCoalescing() {
+  TORCH_CHECK(coalescing_, "ProcessGroupHCCL: endCoalescing called without startCoalescing");
   coalescing_ = false;
-  return gloo_->endCoalescing();
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  works.swap(coalesced_);
+  std::vector<at::Tensor> outputs;
+  for (auto& w : works) {
+    auto r = w->result();
+    outputs.insert(outputs.end(), r.begin(), r.end());
+  }
+  return c10::make_intrusive<CoalescedWorkHCCL>(getRank(), std::move(works), outputs, devices_of(outputs));
 }
 
 c10::intrusive_ptr<c10d::Backend> ProcessGroupHCCL::split(const c10::intrusive_ptr<c10d::Store>& store,

@@ -115,6 +115,7 @@ class ProcessGroupHCCL : public c10d::Backend {
   std::atomic<uint64_t> seq_{0};
   bool check_ = true;
   bool coalescing_ = false;
+  std::vector<c10::intrusive_ptr<c10d::Work>> coalesced_;  // works of the open coalesced block
 };
 
 }  // namespace torch_npu::distributed

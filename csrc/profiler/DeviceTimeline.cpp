@@ -47,8 +47,12 @@ TimelineObserver g_observer;
 }  // namespace
 
 void enable(bool on) {
-  g_enabled.store(on);
-  exec::set_kernel_observer(on ? &g_observer : nullptr);
+  if (g_enabled.exchange(on) == on) return;
+  if (on) {
+    exec::add_kernel_observer(&g_observer);
+  } else {
+    exec::remove_kernel_observer(&g_observer);
+  }
 }
 
 bool enabled() { return g_enabled.load(std::memory_order_relaxed); }

@@ -310,12 +310,6 @@ PYBIND11_MODULE(_C, m) {
   m.def("_format_error_code", [](int sub, int code) {
     return torch_npu::format_error_code(static_cast<torch_npu::SubModule>(sub), static_cast<torch_npu::ErrCode>(code));
   });
-  m.def("_get_cann_version", [](const std::string& module) { return acl_emu::cann_version(module); },
-        py::arg("module") = "CANN");
-  m.def("_is_gte_cann_version", [](const std::string& version, const std::string& module) {
-    return acl_emu::is_gte_cann_version(version, module);
-  }, py::arg("version"), py::arg("module") = "CANN");
-
   // profiler device timeline (torch_npu.profiler)
   m.def("_npu_timeline_enable", [](bool on) { torch_npu::timeline::enable(on); });
   m.def("_npu_timeline_enabled", [] { return torch_npu::timeline::enabled(); });

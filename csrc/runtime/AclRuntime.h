@@ -53,14 +53,6 @@ int64_t stream_create(int32_t device, int priority);
 // Events record a host timestamp (microseconds) when recorded on a stream.
 double now_us();
 
-// aclsysGetCANNVersion: the emulated CANN release and the version of one of
-// its packages ("CANN", "RUNTIME", "COMPILER", "HCCL", "TOOLKIT", "OPP",
-// "OPP_KERNEL", "DRIVER"); "" for an unknown package, as torch_npu answers.
-std::string cann_version(const std::string& module = "CANN");
-// Whether the package's version is >= `version` (formats a.b.c, a.b.RCd,
-// a.b.Tg, a.b.RCd.alphaf; ordering T < alpha < RC < release).
-bool is_gte_cann_version(const std::string& version, const std::string& module = "CANN");
-
 // Human readable "error code is N" expansion like CANN's error manager.
 std::string error_text(aclError err);
 

@@ -4,8 +4,9 @@ The real ``torch_npu._C._get_cann_version(module)`` asks the installed CANN
 (``aclsysGetCANNVersion``) and ``_is_gte_cann_version(version, module)``
 compares numerically. Here every CANN package reports
 ``torch_npu.emulator.cann_version()`` and the driver reports
-``EMULATED_DRIVER_VERSION``. The C++ functions, once the core has them, are
-used in preference (``torch_npu._C`` is asked first).
+``EMULATED_DRIVER_VERSION``. The emulated CANN is a Python-level fact, so
+these are also what ``torch_npu._C._get_cann_version`` / ``_is_gte_cann_version``
+answer (installed onto ``torch_npu._C`` at import).
 """
 import re
 import warnings
@@ -87,8 +88,8 @@ def is_gte_cann_version(version: str, module="CANN") -> bool:
 
 
 def install_c_fallbacks():
-    r"""Give ``torch_npu._C`` the two version functions while the C++ core lacks
-    them: test harnesses call ``torch_npu._C._get_cann_version`` directly."""
+    r"""Give ``torch_npu._C`` the two version functions: test harnesses call
+    ``torch_npu._C._get_cann_version`` directly, as on the real package."""
     for name, fn in (("_get_cann_version", get_cann_version), ("_is_gte_cann_version", is_gte_cann_version)):
         if not hasattr(torch_npu._C, name):
             def fallback(*args, _fn=fn, **kwargs):
