@@ -56,8 +56,8 @@ def parse_args(argv=None):
     p.add_argument("--quick", action="store_true", help="short run (~1 min)")
     p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads value (default 2)")
     p.add_argument("--json", metavar="PATH", help="also write results as JSON to PATH")
-    p.add_argument("--only", default="micro,mlp,gpt,gpt_amp,conv,profiler",
-                   help="comma list of sections: micro,mlp,gpt,gpt_amp,conv,profiler (default all)")
+    p.add_argument("--only", default="micro,mlp,gpt,gpt_amp,conv,profiler,dist",
+                   help="comma list of sections: micro,mlp,gpt,gpt_amp,conv,profiler,dist (default all)")
     p.add_argument("--foreach", choices=["default", "on", "off"], default="default",
                    help="optimizer foreach= for BOTH devices; 'default' lets torch pick per "
                         "device (NB: torch picks foreach=True for npu, False for cpu)")
@@ -379,6 +379,10 @@ def main(argv=None):
         except Exception as e:  # report, don't die
             results["profiler"] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
             print(f"\nprofiler section failed: `{type(e).__name__}: {e}`")
+
+    if "dist" in sections:  # 2-rank allreduce, hccl vs gloo (bench/dist_bench.py)
+        import dist_bench
+        results["dist"] = dist_bench.run_section(quick=args.quick)
 
     total = time.perf_counter() - t0
     results["meta"]["total_wall_s"] = total
