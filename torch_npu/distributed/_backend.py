@@ -129,8 +129,32 @@ def _create_hccl(dist_backend_opts, pg_options):
     return ProcessGroupHCCL(store, rank, size, options)
 
 
+def _bound_store_connect():
+    """HCCL_CONNECT_TIMEOUT, when set, also bounds the env:// / tcp:// store rendezvous.
+
+    Rank 0 otherwise waits for every peer to reach its TCPStore (and the others
+    for rank 0) for the whole init_process_group timeout, 30 minutes by
+    default: a rank that was never started would hang the job. Once the store
+    is up it gets the group timeout back.
+    """
+    import importlib
+    rendezvous = importlib.import_module("torch.distributed.rendezvous")  # the module, not dist.rendezvous()
+    create = rendezvous._create_c10d_store
+
+    def _create_c10d_store(hostname, port, rank, world_size, timeout, use_libuv=True):
+        connect = _env_seconds("HCCL_CONNECT_TIMEOUT")
+        if connect is None or connect >= timeout.total_seconds():
+            return create(hostname, port, rank, world_size, timeout, use_libuv)
+        store = create(hostname, port, rank, world_size, timedelta(seconds=connect), use_libuv)
+        store.set_timeout(timeout)
+        return store
+
+    rendezvous._create_c10d_store = _create_c10d_store
+
+
 def register():
     if "hccl" in dist.Backend.backend_list:
         return
+    _bound_store_connect()
     _set_gloo_factory(_make_gloo)
     dist.Backend.register_backend("hccl", _create_hccl, extended_api=True, devices=["npu"])
