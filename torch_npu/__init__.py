@@ -80,6 +80,7 @@ if _os.environ.get("TORCH_NPU_EMU_AUTOGRAD_THREADS", "0") != "1":
 
 from torch_npu import emulator  # noqa: E402,F401
 import torch_npu.op_plugin  # noqa: E402,F401
+from torch_npu.op_plugin.formats import Format  # noqa: E402,F401
 import torch_npu.optim  # noqa: E402,F401
 import torch_npu.distributed  # noqa: E402,F401  (registers the hccl backend)
 import torch_npu.profiler  # noqa: E402,F401

@@ -123,6 +123,7 @@ struct Block {
   char* ptr;
   bool allocated = false;
   bool small;
+  int32_t format = -1;  // torch_npu private format of the storage (-1: the base format)
   Block* prev = nullptr;
   Block* next = nullptr;
   Block(int d, size_t s, char* p, bool sm) : device(d), size(s), ptr(p), small(sm) {}
@@ -180,6 +181,7 @@ class Allocator {
     b = split(ds, b, rounded);
     b->allocated = true;
     b->requested = size;
+    b->format = -1;
     active_[b->ptr] = b;
     update_alloc_stats(ds, b, +1);
     report_to_profiler(ds, b, device, static_cast<int64_t>(b->size));
@@ -201,6 +203,20 @@ class Allocator {
     b = merge(ds, pool, b);
     insert_free(ds, pool, b);
     if (conf_.caching_disabled && !b->is_split()) release_segment(ds, pool, b);
+  }
+
+  int format_of(const void* ptr) {
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = active_.find(const_cast<void*>(ptr));
+    return it == active_.end() ? -1 : it->second->format;
+  }
+
+  bool set_format(const void* ptr, int format) {
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = active_.find(const_cast<void*>(ptr));
+    if (it == active_.end()) return false;
+    it->second->format = format;
+    return true;
   }
 
   int device_of(const void* ptr) {
@@ -540,6 +556,8 @@ c10::DataPtr allocate(size_t nbytes, int device, c10::Device label) {
 void free_ptr(void* ptr) { free_fn(ptr); }
 c10::DeleterFnPtr deleter() { return &free_fn; }
 int device_of(const void* ptr) { return instance().device_of(ptr); }
+int storage_format(const void* ptr) { return instance().format_of(ptr); }
+bool set_storage_format(const void* ptr, int format) { return instance().set_format(ptr, format); }
 
 void* raw_alloc(size_t nbytes, int device) {
   return nbytes == 0 ? nullptr : instance().malloc(nbytes, device);

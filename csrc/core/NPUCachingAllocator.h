@@ -46,6 +46,11 @@ void free_ptr(void* ptr);
 c10::DeleterFnPtr deleter();
 // Device owning `ptr` if it is an allocation of ours, else -1.
 int device_of(const void* ptr);
+// torch_npu's private format tag of the allocation starting at `ptr`: it
+// lives with the memory, so every view of a storage sees it. -1 = not set
+// (the base format); a fresh or reused block starts unset.
+int storage_format(const void* ptr);
+bool set_storage_format(const void* ptr, int format);
 
 void* raw_alloc(size_t nbytes, int device);
 void raw_delete(void* ptr);

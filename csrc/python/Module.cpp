@@ -29,6 +29,9 @@ void register_profiler_stubs();
 namespace distributed {
 void init_distributed_bindings(pybind11::module& parent);
 }
+namespace format {
+void register_serialization();
+}
 }  // namespace torch_npu
 
 namespace {
@@ -153,6 +156,7 @@ PYBIND11_MODULE(_C, m) {
     torch_npu::exec::install_cpu_allocator();
     torch_npu::register_hooks();
     torch_npu::profiler::register_profiler_stubs();
+    torch_npu::format::register_serialization();
     c10::SetAllocator(c10::DeviceType::PrivateUse1, torch_npu::allocator::get());
     auto r = torch_npu::exec::register_explicit_cpu_kernels(
         std::unordered_set<std::string>(native_ops.begin(), native_ops.end()));
@@ -310,6 +314,17 @@ PYBIND11_MODULE(_C, m) {
   m.def("_format_error_code", [](int sub, int code) {
     return torch_npu::format_error_code(static_cast<torch_npu::SubModule>(sub), static_cast<torch_npu::ErrCode>(code));
   });
+  // private formats (torch_npu.npu_format_cast & co.): a tag on the storage
+  m.def("_npu_storage_format", [](const at::Tensor& t) {
+    const void* data = t.unsafeGetTensorImpl()->unsafe_storage().data();
+    return (data && t.device().is_privateuseone()) ? torch_npu::allocator::storage_format(data) : -1;
+  });
+  m.def("_npu_set_storage_format", [](const at::Tensor& t, int format) {
+    TORCH_CHECK(t.device().is_privateuseone(), "npu_format_cast expects an npu tensor, got ", t.device());
+    const void* data = t.unsafeGetTensorImpl()->unsafe_storage().data();
+    return data != nullptr && torch_npu::allocator::set_storage_format(data, format);
+  });
+
   // profiler device timeline (torch_npu.profiler)
   m.def("_npu_timeline_enable", [](bool on) { torch_npu::timeline::enable(on); });
   m.def("_npu_timeline_enabled", [] { return torch_npu::timeline::enabled(); });

@@ -202,6 +202,12 @@ def _check_bool(name, value):
         raise TypeError(f"{name} must be a bool, but got {type(value).__name__}." + pta_error(ErrCode.TYPE))
 
 
+def _internal_format_default():
+    """As documented: True on Atlas training/A2/inference products, False on A3 (Ascend910_93xx)."""
+    from torch_npu import emulator
+    return not emulator.device_name().startswith("Ascend910_93")
+
+
 class _npuConfig:
     r"""``torch.npu.config``: ``allow_internal_format`` (private formats such as NZ)."""
 
@@ -213,7 +219,7 @@ class _npuConfig:
 
     def __getattr__(self, name):
         if name == "allow_internal_format":
-            return _enable_flag("ALLOW_INTERNAL_FORMAT", "enable", False)
+            return _enable_flag("ALLOW_INTERNAL_FORMAT", "enable", _internal_format_default())
         raise AttributeError(name)
 
 
