@@ -38,6 +38,8 @@ def parse_args(argv=None):
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--batch-size", type=int, default=8, help="per rank")
     parser.add_argument("--lr", type=float, default=0.01)
+    parser.add_argument("--zero-stage", type=int, default=2, choices=[0, 1, 2])
+    parser.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None)
     parser.add_argument("--local_rank", type=int, default=-1, help="set by the deepspeed launcher")
@@ -55,13 +57,24 @@ def main(argv=None):
     config = {
         "train_micro_batch_size_per_gpu": args.batch_size,
         "gradient_accumulation_steps": 1,
-        # torch_adam: torch.optim.AdamW, not the fused CANN kernel DeepSpeed would build.
-        "optimizer": {"type": "AdamW", "params": {"lr": args.lr, "weight_decay": 0.0, "torch_adam": True}},
-        "zero_optimization": {"stage": 2, "reduce_bucket_size": 1000, "allgather_bucket_size": 1000},
+        "zero_optimization": {"stage": args.zero_stage, "reduce_bucket_size": 1000, "allgather_bucket_size": 1000},
         "steps_per_print": 10 ** 6,
     }
+    if args.optimizer == "adamw":
+        # torch_adam: torch.optim.AdamW, not the fused CANN kernel DeepSpeed would build.
+        config["optimizer"] = {"type": "AdamW", "params": {"lr": args.lr, "weight_decay": 0.0, "torch_adam": True}}
+        optimizer = None
+    else:  # a client optimizer; ZeRO only vouches for Adam-family ones
+        config["zero_allow_untested_optimizer"] = True
+        optimizer = "sgd"
     model = make_model(args.seed)
-    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    if optimizer == "sgd":
+        # On the device first: the emulator's Module.to("npu") still replaces the
+        # Parameters, so an optimizer built on the CPU module would hold stale ones.
+        model.to(torch.device("npu", local_rank))
+        optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), optimizer=optimizer,
+                                           config=config)
     x, y = make_data(args.steps * args.batch_size * world, args.seed)
     losses = []
     for step in range(args.steps):

@@ -32,10 +32,13 @@ def make_module(lr, seed):
             self.net = nn.Sequential(nn.Linear(8, 32), nn.GELU(), nn.Linear(32, 1))
             self.step_losses = []
             self.step_devices = set()
+            self.output_dtypes = set()
 
         def training_step(self, batch, batch_index):
             x, y = batch
-            loss = nn.functional.mse_loss(self.net(x).float(), y)
+            out = self.net(x)
+            self.output_dtypes.add(str(out.dtype))
+            loss = nn.functional.mse_loss(out.float(), y)
             self.step_losses.append(loss.item())
             self.step_devices.add(str(loss.device))
             self.log("train_loss", loss, prog_bar=True)
@@ -71,6 +74,7 @@ def main(argv=None):
         print(f"trained on {sorted(module.step_devices)} with {type(trainer.accelerator).__name__}, "
               f"precision {args.precision}: loss {module.step_losses[0]:.4f} -> {module.step_losses[-1]:.4f}")
     return {"losses": module.step_losses, "devices": sorted(module.step_devices),
+            "output_dtypes": sorted(module.output_dtypes),
             "strategy_device": str(trainer.strategy.root_device), "precision_plugin": trainer.precision_plugin,
             "module": module, "trainer": trainer}
 
