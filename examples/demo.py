@@ -218,8 +218,13 @@ def main():
     args = parser.parse_args()
     out = os.path.abspath(args.out_dir)
     total, ckpt_step = RUNS[args.size]
-    shutil.rmtree(out, ignore_errors=True)
-    os.makedirs(out)
+    # Clear what a previous demo left here, and nothing else (--out-dir may be any directory).
+    for name in ("runs", "logs", "profile"):
+        shutil.rmtree(os.path.join(out, name), ignore_errors=True)
+    for name in ("checkpoint.pt", "checkpoint.pt.tmp", "loss_curve.png"):
+        if os.path.exists(os.path.join(out, name)):
+            os.remove(os.path.join(out, name))
+    os.makedirs(out, exist_ok=True)
     started = time.perf_counter()
     print(f"A LLaMA-style decoder written for CUDA (examples/llama_cuda/train.py), trained on {NPROC} virtual NPUs:")
     print(f"  TORCH_TRANSFER_TO_NPU=1 torch_npu_run --nproc-per-node {NPROC} ...  (nccl -> hccl, .cuda() -> npu,"

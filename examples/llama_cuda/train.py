@@ -122,7 +122,7 @@ def load_corpus():
     return torch.tensor([index[ch] for ch in text], dtype=torch.long), len(vocab)
 
 
-def batch_for(data, step, rank, world, batch, context):
+def batch_for(data, step, rank, batch, context):
     """The batch of (step, rank) depends on nothing else: resuming needs no sampler state."""
     g = torch.Generator().manual_seed(1_000_003 * step + rank)
     starts = torch.randint(0, len(data) - context - 1, (batch,), generator=g)
@@ -218,7 +218,7 @@ def main():
     for step in range(first, steps):
         for group in opt.param_groups:
             group["lr"] = lr_at(step, steps)
-        x, y = batch_for(data, step, rank, world, batch, context)
+        x, y = batch_for(data, step, rank, batch, context)
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         with torch.autocast("cuda", dtype=torch.bfloat16):
             logits = model(x)
@@ -247,7 +247,8 @@ def main():
         with open(os.path.join(args.out_dir, "losses.json"), "w") as f:
             json.dump(losses, f)
     with open(os.path.join(args.out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump({"device": str(next(model.parameters()).device), "max_memory_allocated": torch.cuda.max_memory_allocated(),
+        json.dump({"device": str(next(model.parameters()).device),  # where .cuda() put the model
+                   "max_memory_allocated": torch.cuda.max_memory_allocated(),
                    "max_memory_reserved": torch.cuda.max_memory_reserved()}, f)
     dist.destroy_process_group()
 
