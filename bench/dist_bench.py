@@ -36,10 +36,12 @@ SIZES_MB = (1, 16, 128)
 BANDWIDTH_TARGET = 0.95
 SMALL_NUMEL = 8
 
-# reps per size (each rep is `calls` back-to-back allreduces) and small-tensor reps
+# reps per size (each rep is `calls` back-to-back allreduces) and small-tensor reps.
+# One call per rep, variants alternating call by call: on a shared machine the load
+# drifts on the scale of milliseconds, so the finest interleaving is the fairest.
 PROFILES = {
-    "full": dict(reps={1: 60, 16: 20, 128: 8}, calls={1: 5, 16: 1, 128: 1}, small_reps=300, small_calls=20),
-    "quick": dict(reps={1: 20, 16: 8, 128: 3}, calls={1: 5, 16: 1, 128: 1}, small_reps=100, small_calls=20),
+    "full": dict(reps={1: 300, 16: 60, 128: 12}, calls={1: 1, 16: 1, 128: 1}, small_reps=2000, small_calls=1),
+    "quick": dict(reps={1: 100, 16: 20, 128: 4}, calls={1: 1, 16: 1, 128: 1}, small_reps=600, small_calls=1),
 }
 
 
@@ -52,12 +54,19 @@ def _time_calls(fn, calls):
     return (time.perf_counter_ns() - t0) / calls / 1e9
 
 
-def _interleaved(variants, reps, calls):
-    """{name: fn} -> {name: [seconds per call, one per rep]}, order alternating every rep."""
+def _interleaved(variants, reps, calls, sync=None):
+    """{name: fn} -> {name: [seconds per call, one per rep]}, order alternating every rep.
+
+    ``sync`` (a barrier on a group of its own) runs before every timed rep: a
+    rank's time for a collective includes waiting for its peer to arrive, and
+    without it a variant that follows a synchronising one looks faster.
+    """
     samples = {name: [] for name in variants}
     names = list(variants)
     for rep in range(reps):
         for name in (names if rep % 2 == 0 else names[::-1]):
+            if sync is not None:
+                sync()
             samples[name].append(_time_calls(variants[name], calls))
     return samples
 
@@ -74,6 +83,10 @@ def _worker(profile):
     os.environ["TORCH_NPU_EMU_COLLECTIVE_CHECK"] = "0"  # read when a group is built
     unchecked = dist.new_group(backend="hccl")
     os.environ.pop("TORCH_NPU_EMU_COLLECTIVE_CHECK")
+    sync_group = dist.new_group(backend="gloo")
+
+    def sync():
+        dist.barrier(group=sync_group)
 
     # Correctness first: both paths must sum the same way.
     for device in ("cpu", "npu"):
@@ -90,8 +103,8 @@ def _worker(profile):
             "hccl": lambda: dist.all_reduce(npu_buf),
             "hccl_no_check": lambda: dist.all_reduce(npu_buf, group=unchecked),
         }
-        _interleaved(variants, 1, 1)  # warm-up: connections, buffers
-        samples = _interleaved(variants, prof["reps"][mb], prof["calls"][mb])
+        _interleaved(variants, 1, 1, sync)  # warm-up: connections, buffers
+        samples = _interleaved(variants, prof["reps"][mb], prof["calls"][mb], sync)
         nbytes = numel * 4
         row = {"mb": mb, "reps": prof["reps"][mb], "calls": prof["calls"][mb]}
         for name, secs in samples.items():
@@ -109,14 +122,31 @@ def _worker(profile):
         "hccl": lambda: dist.all_reduce(small_npu),
         "hccl_no_check": lambda: dist.all_reduce(small_npu, group=unchecked),
     }
-    _interleaved(variants, 5, prof["small_calls"])
-    samples = _interleaved(variants, prof["small_reps"], prof["small_calls"])
+    _interleaved(variants, 5, prof["small_calls"], sync)
+    samples = _interleaved(variants, prof["small_reps"], prof["small_calls"], sync)
     result["overhead"] = {name: statistics.median(s) * 1e6 for name, s in samples.items()}
     result["overhead"]["numel"] = SMALL_NUMEL
     dist.barrier()
     dist.destroy_process_group()
     if rank == 0:
         print("@@DIST_BENCH@@" + json.dumps(result), flush=True)
+
+
+def _solo_worker(profile):
+    """World size 1: no peer, no network, no fingerprint check; what the hccl layer itself adds per call."""
+    import torch
+    import torch.distributed as dist
+    import torch_npu  # noqa: F401
+
+    prof = PROFILES[profile]
+    dist.init_process_group("cpu:gloo,npu:hccl", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
+    small_npu, small_cpu = torch.zeros(SMALL_NUMEL, device="npu"), torch.zeros(SMALL_NUMEL)
+    variants = {"gloo": lambda: dist.all_reduce(small_cpu), "hccl": lambda: dist.all_reduce(small_npu)}
+    _interleaved(variants, 5, prof["small_calls"])
+    samples = _interleaved(variants, prof["small_reps"], prof["small_calls"])
+    dist.destroy_process_group()
+    print("@@DIST_BENCH@@" + json.dumps({name: statistics.median(s) * 1e6 for name, s in samples.items()}),
+          flush=True)
 
 
 # -- driver ---------------------------------------------------------------------------------------
@@ -128,16 +158,23 @@ def _free_port():
 
 
 def measure(quick=False, timeout_s=600):
-    """Run the 2-rank benchmark; return rank 0's result dict."""
+    """Run the 2-rank benchmark, then the 1-rank one; return rank 0's result dict."""
+    result = _run_ranks(WORLD, "--worker", quick, timeout_s)
+    result["solo_overhead"] = _run_ranks(1, "--solo", quick, timeout_s)
+    result["loadavg_end"] = os.getloadavg()
+    return result
+
+
+def _run_ranks(world, mode, quick, timeout_s):
     port = _free_port()
     procs = []
-    for rank in range(WORLD):
-        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD),
+    for rank in range(world):
+        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
         env.pop("TORCH_NPU_EMU_COLLECTIVE_CHECK", None)
         env["PYTHONPATH"] = os.pathsep.join([REPO] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
         procs.append(subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), "--worker", "quick" if quick else "full"],
+            [sys.executable, os.path.abspath(__file__), mode, "quick" if quick else "full"],
             env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     outputs = []
     deadline = time.monotonic() + timeout_s
@@ -152,9 +189,7 @@ def measure(quick=False, timeout_s=600):
         if p.returncode != 0:
             raise RuntimeError(f"dist bench rank {rank} failed (rc={p.returncode}):\n{err[-3000:]}")
     line = [l for l in outputs[0][0].splitlines() if l.startswith("@@DIST_BENCH@@")][-1]
-    result = json.loads(line[len("@@DIST_BENCH@@"):])
-    result["loadavg_end"] = os.getloadavg()
-    return result
+    return json.loads(line[len("@@DIST_BENCH@@"):])
 
 
 def report(result):
@@ -169,12 +204,15 @@ def report(result):
         lines.append(f"| {r['mb']} MB | {r['reps']}×{r['calls']} | {r['gloo_busbw_gbs']:.3f} | "
                      f"{r['hccl_busbw_gbs']:.3f} | {r['ratio']:.3f} | {ok} | "
                      f"{r['hccl_no_check_busbw_gbs']:.3f} | {r['ratio_no_check']:.3f} |")
-    o = result["overhead"]
+    o, solo = result["overhead"], result["solo_overhead"]
     lines += ["", f"Per-call time of one allreduce of {o['numel']} floats (µs, median):", "",
               "| gloo (CPU) | hccl (npu) | hccl, TORCH_NPU_EMU_COLLECTIVE_CHECK=0 | hccl − gloo | check costs |",
               "|---:|---:|---:|---:|---:|",
               f"| {o['gloo']:.1f} | {o['hccl']:.1f} | {o['hccl_no_check']:.1f} | "
-              f"{o['hccl_no_check'] - o['gloo']:+.1f} | {o['hccl'] - o['hccl_no_check']:+.1f} |"]
+              f"{o['hccl_no_check'] - o['gloo']:+.1f} | {o['hccl'] - o['hccl_no_check']:+.1f} |",
+              "", "The same on 1 rank (no peer, no network, no check): what the hccl layer itself adds per call:",
+              "", "| gloo (CPU) µs | hccl (npu) µs | hccl − gloo |", "|---:|---:|---:|",
+              f"| {solo['gloo']:.1f} | {solo['hccl']:.1f} | {solo['hccl'] - solo['gloo']:+.1f} |"]
     return "\n".join(lines)
 
 
@@ -194,9 +232,13 @@ def main(argv=None):
     p.add_argument("--quick", action="store_true", help="fewer reps (~30 s)")
     p.add_argument("--json", metavar="PATH", help="also write the numbers as JSON to PATH")
     p.add_argument("--worker", choices=sorted(PROFILES), help=argparse.SUPPRESS)
+    p.add_argument("--solo", choices=sorted(PROFILES), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
         _worker(args.worker)
+        return 0
+    if args.solo:
+        _solo_worker(args.solo)
         return 0
     t0 = time.perf_counter()
     result = measure(quick=args.quick)
