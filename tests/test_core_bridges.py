@@ -84,3 +84,24 @@ def test_cpu_alias_and_adopt_are_zero_copy():
     assert z.device.type == "npu" and z.cpu().tolist() == [1.0, 1.0, 1.0]
     with pytest.raises(RuntimeError, match="expects an npu tensor"):
         C._npu_cpu_alias(torch.ones(2))
+
+
+def test_module_to_npu_keeps_parameter_identity():
+    # As CPU -> CUDA: an optimizer built before the move keeps training the model.
+    torch.manual_seed(0)
+    m = torch.nn.Linear(3, 2)
+    ref = torch.nn.Linear(3, 2)
+    ref.load_state_dict(m.state_dict())
+    weight = m.weight
+    opt = torch.optim.SGD(m.parameters(), lr=0.5)
+    m.to("npu")
+    assert m.weight is weight and weight.device.type == "npu"
+    x = torch.randn(4, 3)
+    m(x.npu()).square().sum().backward()
+    opt.step()
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.5)
+    ref(x).square().sum().backward()
+    ref_opt.step()
+    torch.testing.assert_close(m.weight.detach().cpu(), ref.weight.detach())
+    assert not torch._has_compatible_shallow_copy_type(torch.ones(1, device="npu"),
+                                                        torch.ones(1).to_sparse())

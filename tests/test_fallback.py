@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -77,8 +78,10 @@ def test_report_counts_calls_and_bytes_copied():
     a = torch.randn(10).npu()
     b = torch.randn(10).npu()
     out = torch.empty(10, device="npu")
+    t0 = time.perf_counter_ns()
     torch.fmax(a, b, out=out)
     torch.fmax(a, b, out=out)
+    elapsed = time.perf_counter_ns() - t0
     torch.add(a, b)  # native
     rep = {e["op"]: e for e in torch_npu.emulator.fallback_report()}
     assert set(rep) == {"aten::fmax.out"}
@@ -87,6 +90,7 @@ def test_report_counts_calls_and_bytes_copied():
     # per call: self, other and out go to the host (3 x 40 bytes); out comes back (40 bytes)
     assert e["bytes_to_cpu"] == 2 * 3 * 40
     assert e["bytes_to_npu"] == 2 * 40
+    assert 0 < e["ns"] <= elapsed  # time inside the two fallbacks
     torch_npu.emulator.reset_fallback_report()
     assert torch_npu.emulator.fallback_report() == []
 

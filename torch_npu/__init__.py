@@ -32,6 +32,10 @@ def _check_device_conflict():
 _check_device_conflict()
 
 import torch_npu._C  # noqa: E402
+import torch_npu.utils._logging  # noqa: E402
+
+# The loggers were configured before the C++ core was loaded: connect it.
+torch_npu.utils._logging.configure()
 
 # Same registration as the real plugin: PrivateUse1 renamed "npu", torch.npu
 # is torch_npu.npu, generated Tensor/Module/Storage methods.

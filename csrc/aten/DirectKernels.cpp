@@ -184,6 +184,16 @@ at::Tensor& set_empty(at::Tensor& self) {
   return set_storage_offset(self, empty, 0, {0}, {});
 }
 
+// Module.to("npu") keeps parameter identity (param.data = moved) when this
+// says CPU and npu tensors are interchangeable, as CPU and CUDA are; c10's
+// own rule only knows the built-in dense backends.
+bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& from) {
+  auto plain = [](const at::Tensor& t) {
+    return t.layout() == c10::kStrided && !t.is_nested() && (t.device().is_cpu() || is_npu(t));
+  };
+  return plain(self) && plain(from);
+}
+
 bool is_set_to(const at::Tensor& self, const at::Tensor& other) {
   return self.storage().unsafeGetStorageImpl() == other.storage().unsafeGetStorageImpl() &&
          self.storage_offset() == other.storage_offset() && self.sizes().equals(other.sizes()) &&
@@ -254,6 +264,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("set_.source_Tensor", &set_tensor);
   m.impl("set_", &set_empty);
   m.impl("is_set_to", &is_set_to);
+  m.impl("_has_compatible_shallow_copy_type", &has_compatible_shallow_copy_type);
   m.impl("_local_scalar_dense", &local_scalar_dense);
   m.impl("record_stream", &record_stream);
   m.impl("convolution_overrideable", &convolution_overrideable);

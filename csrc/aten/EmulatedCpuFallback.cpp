@@ -10,12 +10,14 @@
 #include <torch/library.h>
 
 #include <cstdlib>
+#include <chrono>
 #include <map>
 #include <mutex>
 #include <string>
 #include <unordered_set>
 
 #include "aten/EmulatedCpuFallback.h"
+#include "core/EmuLog.h"
 #include "aten/OpExecution.h"
 #include "core/NPUCachingAllocator.h"
 #include "core/NPUException.h"
@@ -53,6 +55,7 @@ void warn_once(const std::string& name) {
           "' is not currently supported on the NPU backend and will fall back to run on the CPU. This may have "
           "performance implications.",
       false));
+  log::emit(log::DISPATCH, log::WARNING, "operator " + name + " falls back to the CPU (first call)");
 }
 
 struct Moved {
@@ -72,6 +75,7 @@ void emulated_cpu_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, t
               OPS_ERROR(ErrCode::NOT_SUPPORT));
   warn_once(name);
 
+  const auto t0 = std::chrono::steady_clock::now();
   int64_t to_cpu = 0, to_npu = 0;
   c10::SmallVector<Moved, 8> moved;
   // The observer sees the whole fallback, copies included: that is its cost.
@@ -132,6 +136,7 @@ void emulated_cpu_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, t
   s.calls += 1;
   s.bytes_to_cpu += to_cpu;
   s.bytes_to_npu += to_npu;
+  s.ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
 }
 
 std::vector<std::pair<std::string, FallbackStats>> fallback_stats() {

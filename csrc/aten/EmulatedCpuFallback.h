@@ -14,6 +14,7 @@ struct FallbackStats {
   int64_t calls = 0;
   int64_t bytes_to_cpu = 0;
   int64_t bytes_to_npu = 0;
+  int64_t ns = 0;  // wall time of the fallbacks, copies included
 };
 
 void emulated_cpu_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack);

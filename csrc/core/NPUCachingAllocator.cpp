@@ -1,5 +1,7 @@
 #include "core/NPUCachingAllocator.h"
 
+#include "core/EmuLog.h"
+
 #include <c10/util/Exception.h>
 
 #include <array>
@@ -115,6 +117,21 @@ AllocConf parse_conf() {
   return c;
 }
 
+// Log records produced under the allocator lock are emitted after it is
+// released (the Python sink takes the GIL).
+thread_local log::Deferred* tls_logs = nullptr;
+
+void note(int level, std::string message) {
+  if (tls_logs != nullptr && log::enabled(log::MEMORY, level)) tls_logs->add(log::MEMORY, level, std::move(message));
+}
+
+struct LogScope {
+  log::Deferred logs;
+  log::Deferred* prev;
+  LogScope() : prev(tls_logs) { tls_logs = &logs; }
+  ~LogScope() { tls_logs = prev; }
+};
+
 // ---- blocks ----------------------------------------------------------------
 struct Block {
   int device;
@@ -163,6 +180,7 @@ class Allocator {
   }
 
   void* malloc(size_t size, int device) {
+    LogScope logs;
     std::lock_guard<std::mutex> g(mu_);
     check_device(device);
     DeviceState& ds = devices_[device];
@@ -189,6 +207,7 @@ class Allocator {
   }
 
   void free(void* ptr) {
+    LogScope logs;
     std::lock_guard<std::mutex> g(mu_);
     auto it = active_.find(ptr);
     TORCH_INTERNAL_ASSERT(it != active_.end(), "invalid device pointer freed: ", ptr);
@@ -226,6 +245,7 @@ class Allocator {
   }
 
   void empty_cache() {
+    LogScope logs;
     std::lock_guard<std::mutex> g(mu_);
     for (auto& ds : devices_) release_cached(ds);
   }
@@ -355,6 +375,8 @@ class Allocator {
       }
       uint64_t used = acl_emu::driver_used_bytes(device);
       uint64_t free_b = cap > used ? cap - used : 0;
+      note(log::ERROR, "device " + std::to_string(device) + ": out of memory allocating " + format_size(requested) +
+                           " (" + format_size(ds.reserved) + " reserved, " + format_size(free_b) + " free)");
       std::string allowed = limited ? format_size(limit(ds)) + " allowed; " : "";
       TORCH_CHECK_WITH(OutOfMemoryError, false, "NPU out of memory. Tried to allocate ", format_size(requested),
                        " (NPU ", device, "; ", format_size(cap), " total capacity; ",
@@ -367,6 +389,8 @@ class Allocator {
     }
     Block* b = new Block(device, seg, static_cast<char*>(p), small);
     ds.reserved += seg;
+    note(log::INFO, "device " + std::to_string(device) + ": new " + (small ? "small" : "large") + " segment of " +
+                        format_size(seg) + " (reserved " + format_size(ds.reserved) + ")");
     ds.segments.insert(b);
     ds.stats.num_device_alloc++;
     for (int t : {ALL, small ? SMALL_POOL : LARGE_POOL}) {
@@ -466,6 +490,8 @@ class Allocator {
     erase_free(ds, pool, b);
     acl_emu::aclrtFree(b->ptr, b->size, b->device);
     ds.reserved -= b->size;
+    note(log::INFO, "device " + std::to_string(b->device) + ": released a segment of " + format_size(b->size) +
+                        " (reserved " + format_size(ds.reserved) + ")");
     ds.segments.erase(b);
     ds.stats.num_device_free++;
     for (int t : {ALL, b->small ? SMALL_POOL : LARGE_POOL}) {

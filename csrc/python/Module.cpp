@@ -6,12 +6,16 @@
 #include <torch/csrc/utils/pybind.h>
 #include <pybind11/stl.h>
 
+#include <climits>
+#include <map>
+
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/ones.h>
 #include <c10/core/Allocator.h>
 
 #include "aten/EmulatedCpuFallback.h"
 #include "aten/OpExecution.h"
+#include "core/EmuLog.h"
 #include "core/NPUCachingAllocator.h"
 #include "core/NPUException.h"
 #include "core/NPUGenerator.h"
@@ -140,6 +144,19 @@ struct MemoryScopeContext {
   void exit() { scope.reset(); }
 };
 
+// The Python logging sink of the C++ core (torch_npu.utils._logging).
+py::function* g_log_sink = nullptr;  // leaked: used until exit
+
+void python_log_sink(torch_npu::log::Component component, int level, const std::string& message) {
+  if (!Py_IsInitialized() || g_log_sink == nullptr) return;
+  py::gil_scoped_acquire gil;
+  try {
+    (*g_log_sink)(torch_npu::log::component_name(component), level, message);
+  } catch (py::error_already_set& e) {
+    e.discard_as_unraisable("torch_npu log sink");
+  }
+}
+
 py::tuple stream_tuple(const c10::Stream& s) {
   return py::make_tuple(s.id(), static_cast<int>(s.device_index()), static_cast<int>(s.device_type()));
 }
@@ -173,6 +190,7 @@ PYBIND11_MODULE(_C, m) {
       d["calls"] = s.calls;
       d["bytes_to_cpu"] = s.bytes_to_cpu;
       d["bytes_to_npu"] = s.bytes_to_npu;
+      d["ns"] = s.ns;
       out.append(d);
     }
     return out;
@@ -310,6 +328,7 @@ PYBIND11_MODULE(_C, m) {
     d["visible_devices"] = c.visible;
     return d;
   });
+  m.def("_emu_config_error", [] { return acl_emu::config_error(); });
   m.def("_emu_driver_used_bytes", [](int64_t d) { return acl_emu::driver_used_bytes(checked_device(d)); });
   m.def("_format_error_code", [](int sub, int code) {
     return torch_npu::format_error_code(static_cast<torch_npu::SubModule>(sub), static_cast<torch_npu::ErrCode>(code));
@@ -323,6 +342,23 @@ PYBIND11_MODULE(_C, m) {
     TORCH_CHECK(t.device().is_privateuseone(), "npu_format_cast expects an npu tensor, got ", t.device());
     const void* data = t.unsafeGetTensorImpl()->unsafe_storage().data();
     return data != nullptr && torch_npu::allocator::set_storage_format(data, format);
+  });
+
+  // logging (torch_npu.utils._logging): per-component thresholds and a sink
+  m.def("_emu_set_log_levels", [](const std::map<std::string, int>& levels) {
+    for (int c = 0; c < torch_npu::log::NUM_COMPONENTS; ++c) {
+      auto comp = static_cast<torch_npu::log::Component>(c);
+      auto it = levels.find(torch_npu::log::component_name(comp));
+      torch_npu::log::set_level(comp, it == levels.end() ? INT_MAX : it->second);
+    }
+  });
+  m.def("_emu_set_log_sink", [](py::object fn) {
+    if (fn.is_none()) {
+      torch_npu::log::set_sink(nullptr);
+      return;
+    }
+    g_log_sink = new py::function(fn.cast<py::function>());
+    torch_npu::log::set_sink(&python_log_sink);
   });
 
   // profiler device timeline (torch_npu.profiler)

@@ -10,19 +10,41 @@
 namespace acl_emu {
 namespace {
 
-uint64_t parse_bytes(const char* s, uint64_t fallback) {
+// Invalid TORCH_NPU_EMU_* values are reported at the first device use
+// (torch.npu._lazy_init), not silently replaced.
+std::string g_config_error;
+
+void config_error(const std::string& message) {
+  if (g_config_error.empty()) g_config_error = message;
+}
+
+uint64_t parse_bytes(const char* name, const char* s, uint64_t fallback) {
   if (s == nullptr || *s == '\0') return fallback;
   char* end = nullptr;
   double v = std::strtod(s, &end);
-  if (end == s || v <= 0) return fallback;
-  std::string unit(end);
+  std::string unit(end == s ? "" : end);
   for (auto& c : unit) c = static_cast<char>(std::toupper(c));
-  double mul = 1;
-  if (unit == "K" || unit == "KB" || unit == "KIB") mul = 1024.0;
+  double mul = 0;
+  if (unit.empty() || unit == "B") mul = 1;
+  else if (unit == "K" || unit == "KB" || unit == "KIB") mul = 1024.0;
   else if (unit == "M" || unit == "MB" || unit == "MIB") mul = 1024.0 * 1024;
   else if (unit == "G" || unit == "GB" || unit == "GIB") mul = 1024.0 * 1024 * 1024;
   else if (unit == "T" || unit == "TB" || unit == "TIB") mul = 1024.0 * 1024 * 1024 * 1024;
+  if (end == s || mul == 0 || !(v * mul >= 1)) {
+    config_error(std::string(name) + " must be a size such as 512MiB, 16GiB or a byte count, got '" + s + "'");
+    return fallback;
+  }
   return static_cast<uint64_t>(v * mul);
+}
+
+int parse_count(const char* name, const char* s, int fallback, int max) {
+  char* end = nullptr;
+  long v = std::strtol(s, &end, 10);
+  if (end == s || *end != '\0' || v < 0 || v > max) {
+    config_error(std::string(name) + " must be an integer from 0 to " + std::to_string(max) + ", got '" + s + "'");
+    return fallback;
+  }
+  return static_cast<int>(v);
 }
 
 // Same rules as torch_npu.npu._parse_visible_devices: only digits and commas
@@ -70,13 +92,12 @@ State& state() {
   static State* s = [] {
     DeviceConfig c;
     if (const char* n = std::getenv("TORCH_NPU_EMU_DEVICE_COUNT")) {
-      int v = std::atoi(n);
-      c.physical_count = v < 0 ? 0 : (v > 64 ? 64 : v);
+      c.physical_count = parse_count("TORCH_NPU_EMU_DEVICE_COUNT", n, c.physical_count, 64);
     }
     if (const char* n = std::getenv("TORCH_NPU_EMU_DEVICE_NAME")) {
       if (*n) c.name = n;
     }
-    c.capacity = parse_bytes(std::getenv("TORCH_NPU_EMU_MEMORY"), c.capacity);
+    c.capacity = parse_bytes("TORCH_NPU_EMU_MEMORY", std::getenv("TORCH_NPU_EMU_MEMORY"), c.capacity);
     c.visible = parse_visible(c.physical_count);
     return new State(std::move(c));  // leaked: must outlive static tensors
   }();
@@ -88,6 +109,11 @@ thread_local int32_t tls_device = -1;
 }  // namespace
 
 const DeviceConfig& config() { return state().cfg; }
+
+const std::string& config_error() {
+  state();
+  return g_config_error;
+}
 
 int aclrtGetDeviceCount(uint32_t* count) {
   *count = static_cast<uint32_t>(state().cfg.visible.size());

@@ -27,6 +27,8 @@ struct DeviceConfig {
 
 // Read once from the environment (thread-safe, idempotent).
 const DeviceConfig& config();
+// Why the environment was invalid ("" when it was fine); the defaults are used meanwhile.
+const std::string& config_error();
 
 // Number of devices visible to this process (after ASCEND_RT_VISIBLE_DEVICES).
 int aclrtGetDeviceCount(uint32_t* count);

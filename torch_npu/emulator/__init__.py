@@ -54,8 +54,8 @@ def fallback_report() -> list:
 
     On real hardware these ops (ATen ops without an NPU kernel in torch_npu
     2.13.0) run on the CPU: arguments are copied to the host and results back.
-    Each entry: ``{"op", "calls", "bytes_to_cpu", "bytes_to_npu"}``, sorted by
-    op name.
+    Each entry: ``{"op", "calls", "bytes_to_cpu", "bytes_to_npu", "ns"}`` (``ns``:
+    wall time spent in the fallback, copies included), sorted by op name.
     """
     return [dict(e) for e in torch_npu._C._emu_fallback_report()]
 

@@ -77,6 +77,9 @@ def _lazy_init():
             raise RuntimeError(
                 "Cannot re-initialize NPU in forked subprocess. To use NPU with "
                 "multiprocessing, you must use the 'spawn' start method")
+        config_error = torch_npu._C._emu_config_error()
+        if config_error:
+            raise RuntimeError(config_error + pta_error(ErrCode.VALUE))
         if device_count() == 0:
             raise RuntimeError("No NPUs are available" + pta_error(ErrCode.UNAVAIL))
         torch_npu._C._npu_init()

@@ -174,7 +174,24 @@ def configure() -> None:
         plog.setLevel(ascend_level)
         root.addHandler(plog)
     root.setLevel(min([ascend_level] + list(levels.values())))
+    _configure_core(levels, ascend_level)
     _configure_warnings()
+
+
+def _core_sink(component, level, message):
+    logging.getLogger(f"{_ROOT}.{component}").log(level, message)
+
+
+def _configure_core(levels, ascend_level):
+    """The C++ core (allocator growth/release/OOM, CPU fallbacks) logs through the same
+    loggers; it is told each component's threshold so that disabled records cost nothing."""
+    import torch_npu
+    core = getattr(torch_npu, "_C", None)
+    if core is None or not hasattr(core, "_emu_set_log_levels"):
+        return
+    thresholds = {c: min(levels.get(c, _NEVER), ascend_level) for c in COMPONENTS}
+    core._emu_set_log_levels({c: v for c, v in thresholds.items() if v < _NEVER})
+    core._emu_set_log_sink(_core_sink if any(v < _NEVER for v in thresholds.values()) else None)
 
 
 def _configure_warnings():
