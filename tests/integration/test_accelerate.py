@@ -60,10 +60,6 @@ def test_accelerate_gather_of_2d_tensors(tmp_path):
     assert result.get("gathered") == [[0.0] * 3, [0.0] * 3, [1.0] * 3, [1.0] * 3], result
 
 
-@pytest.mark.xfail(strict=True, reason="emulator gap: torch._has_compatible_shallow_copy_type(cpu, npu) is False "
-                                       "(PrivateUse1 is not in c10's dense backends), so Module.to('npu') replaces "
-                                       "the Parameters and an optimizer built before accelerator.prepare() steps "
-                                       "the stale CPU copies")
 def test_optimizer_built_before_prepare_trains_the_npu_model():
     from accelerate import Accelerator
     accelerator = Accelerator(cpu=False)
