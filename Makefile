@@ -7,7 +7,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 SOURCES := $(shell find csrc -name '*.cpp' -o -name '*.h') setup.py pyproject.toml
 
-.PHONY: demo test bench install clean
+.PHONY: demo test test-integration bench install clean
 
 $(VENV)/.deps:
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,16 @@ demo: install
 
 test: install
 	$(PY) -m pytest tests -q -p no:cacheprovider
+
+# Optional: the client libraries (transformers, accelerate, peft, diffusers,
+# Lightning, DeepSpeed) on the virtual NPU. Installed with torch pinned, so
+# they never replace torch 2.13.0; DeepSpeed's build probes $$ASCEND_HOME_PATH.
+INTEG_ENV := ASCEND_HOME_PATH=$(abspath $(VENV))/ascend_home DS_BUILD_OPS=0
+test-integration: install
+	echo 'torch==2.13.0' > $(VENV)/torch-pin.txt
+	mkdir -p $(VENV)/ascend_home
+	$(INTEG_ENV) $(PY) -m pip install -q --disable-pip-version-check -c $(VENV)/torch-pin.txt -r requirements-integration.txt
+	$(INTEG_ENV) TORCH_NPU_INTEGRATION=1 timeout 1200 $(PY) -m pytest tests/integration -q -p no:cacheprovider
 
 bench: install
 	$(PY) bench/run.py
