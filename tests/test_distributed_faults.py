@@ -18,6 +18,7 @@ from the training side, by test_dist_faults.py.)
 """
 import json
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -85,6 +86,9 @@ elif scenario == "exit":
         save(); os._exit(3)
     attempt("allreduce_after_peer_exit", allreduce_value)
 
+elif scenario == "unchecked_size_mismatch":
+    attempt("different_sizes", lambda: allreduce_value(n=8 + rank))
+
 elif scenario == "mismatch":
     x = torch.ones(8, device="npu")
     attempt("different_ops", lambda: dist.all_reduce(x) if rank == 0 else dist.broadcast(x, src=0))
@@ -108,6 +112,9 @@ _GROUPS = {
                                for r in (0, 1)], [0]),
     "exit": ("exit", [(r, 2, {"HCCL_EXEC_TIMEOUT": 120}) for r in (0, 1)], [0]),
     "mismatch": ("mismatch", [(r, 2, {}) for r in (0, 1)], [0, 1]),
+    # Reference: the same size mismatch with the check off, as plain Gloo sees it.
+    "mismatch_unchecked": ("unchecked_size_mismatch", [(r, 2, {"TORCH_NPU_EMU_COLLECTIVE_CHECK": 0,
+                                                              "HCCL_EXEC_TIMEOUT": 10}) for r in (0, 1)], []),
     "mismatch_detail": ("mismatch", [(r, 2, {"TORCH_DISTRIBUTED_DEBUG": "DETAIL",
                                              "TORCH_NPU_EMU_COLLECTIVE_CHECK": 0}) for r in (0, 1)], [0, 1]),
 }
@@ -131,7 +138,7 @@ def reports(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("faults")
     script = tmp / "rank.py"
     script.write_text(_WORKER)
-    stores, procs, expected = [], [], {}
+    stores, procs, expected, by_member = [], [], {}, {}
     for name, (scenario, ranks, reporters) in _GROUPS.items():
         store = _agent_store()
         stores.append(store)
@@ -150,16 +157,19 @@ def reports(tmp_path_factory):
                     env.pop(var, None)
             procs.append(subprocess.Popen([sys.executable, str(script), scen, str(out)], cwd=str(REPO), env=env,
                                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+            by_member[(name, idx)] = procs[-1]
     try:
         end = time.monotonic() + DEADLINE_S
-        while time.monotonic() < end and not all(p.exists() for p in expected.values()):
+        unchecked = [p for (name, _), p in by_member.items() if name == "mismatch_unchecked"]
+        while time.monotonic() < end and not (all(p.exists() for p in expected.values())
+                                               and all(p.poll() is not None for p in unchecked)):
             time.sleep(0.2)
     finally:
         for p in procs:  # the hung and wrong-backend peers are still waiting
             if p.poll() is None:
                 p.kill()
         stderr = [p.communicate()[1] for p in procs]
-    results = {}
+    results = {"exit_codes": {key: p.returncode for key, p in by_member.items()}}
     for key, path in expected.items():
         results[key] = json.loads(path.read_text()) if path.exists() else None
     missing = [k for k, v in results.items() if v is None]
@@ -174,12 +184,16 @@ def step(reports, group, idx, name):
     raise AssertionError(f"{group}[{idx}] never ran step {name!r}: {reports[(group, idx)]}")
 
 
+def _members(reports):
+    return [key for key in reports if key != "exit_codes"]
+
+
 def after_last_arrival(reports, group, idx, name):
     """Seconds from the moment the last rank of the group entered step ``name`` to this rank's outcome.
 
     A rank that is still importing torch under load is not the fault being timed.
     """
-    last = max(step(reports, g, i, name)["start"] for g, i in reports if g == group)
+    last = max(step(reports, g, i, name)["start"] for g, i in _members(reports) if g == group)
     return step(reports, group, idx, name)["end"] - last
 
 
@@ -262,6 +276,12 @@ def test_mismatched_collectives_raise_on_every_rank_and_group_stays_usable(repor
         assert "dtype=Float" in dtypes["message"] and "dtype=Double" in dtypes["message"], dtypes["message"]
         # Nothing ran on the mismatch, so the ranks are still in step: 1 + 2.
         assert step(reports, "mismatch", idx, "matching_after_mismatch")["value"] == [3.0] * 8
+
+
+def test_without_the_check_gloo_aborts_the_process_on_a_size_mismatch(reports):
+    # What the check (and DETAIL) turn into an exception: Gloo's enforce fails and the process aborts.
+    codes = [reports["exit_codes"][("mismatch_unchecked", idx)] for idx in (0, 1)]
+    assert -signal.SIGABRT in codes, codes
 
 
 def test_distributed_debug_detail_reports_mismatch_without_emulator_check(reports):
