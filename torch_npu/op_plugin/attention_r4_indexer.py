@@ -1,0 +1,95 @@
+"""npu_lightning_indexer (DeepSeek sparse attention's top-k key selection).
+
+Documented formula, per query token and key head n2 (query heads ``n2*g .. n2*g+g-1``):
+
+    score[j] = sum_h  w[h] * ReLU(q[h] . k[j])        (no scale)
+    sparse_indices = Top-sparse_count positions j of score
+
+over the valid keys of the batch (``actual_seq_lengths_key``); ``sparse_mode`` 3 (default)
+also masks j > i + S2_act - S1_act (right-down causal, as the op-plugin golden), 0 masks
+nothing more. Indices are sorted by descending score (ties: lower position first, the
+kernel's tie order is not documented); slots past the valid keys hold -1, as do rows past
+``actual_seq_lengths_query``. Computed in float32 (float64 stays float64).
+
+``return_value=True`` raises NotImplementedError: the docs give sparse_values an int32
+dtype for a float score, so what it holds is not established; with False the second output
+is an empty tensor. ``pre_tokens``/``next_tokens`` only take their default (as documented).
+"""
+import torch
+
+from torch_npu.op_plugin._common import check
+from torch_npu.op_plugin._registry import impl
+from torch_npu.op_plugin.attention_r4_layout import KeyRows, QueryRows
+from torch_npu.op_plugin.comm_matmul import _symbolic
+
+__all__ = []
+
+_MAX = 9223372036854775807
+
+
+def _compute_dtype(t):
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
+def indexer_scores(q, w, k, cdt):
+    """q [S1, N1, D], w [S1, N1], k [S2, N2, D] -> scores [N2, S1, S2]."""
+    s1, n1, d = q.shape
+    n2 = k.shape[1]
+    g = n1 // n2
+    qg = q.to(cdt).reshape(s1, n2, g, d)
+    dots = torch.einsum("sngd,tnd->nsgt", qg, k.to(cdt))  # [N2, S1, g, S2]
+    return (torch.relu(dots) * w.to(cdt).reshape(s1, n2, g).permute(1, 0, 2).unsqueeze(-1)).sum(2)
+
+
+def causal_mask(s1, s2, device):
+    """sparse_mode 3: True where key j lies after query i's right-down diagonal."""
+    i = torch.arange(s1, device=device).unsqueeze(1)
+    j = torch.arange(s2, device=device).unsqueeze(0)
+    return j > i + (s2 - s1)
+
+
+@impl("npu_lightning_indexer")
+def npu_lightning_indexer(query, key, weights, *, actual_seq_lengths_query=None, actual_seq_lengths_key=None,
+                          block_table=None, layout_query="BSND", layout_key="BSND", sparse_count=2048,
+                          sparse_mode=3, pre_tokens=_MAX, next_tokens=_MAX, return_value=False):
+    """Top-``sparse_count`` key positions per query token of
+    ``sum_h w_h ReLU(q_h . k_j)`` (see the module docstring). query BSND [B,S1,N1,D] / TND
+    [T1,N1,D], key BSND / TND / PA_BSND (with ``block_table``), weights [B,S1,N1] / [T1,N1].
+    Returns (int32 sparse_indices [B,S1,N2,sparse_count] / [T1,N2,sparse_count], -1 padded;
+    an empty tensor)."""
+    op = "npu_lightning_indexer"
+    if return_value:
+        raise NotImplementedError("%s: return_value=True is not emulated (sparse_values' content/dtype "
+                                  "are not established in the docs)" % op)
+    check(sparse_mode in (0, 3), op, "sparse_mode must be 0 or 3, got %d" % sparse_mode)
+    check(pre_tokens == _MAX and next_tokens == _MAX, op, "pre_tokens/next_tokens only support 2^63-1")
+    check(1 <= sparse_count, op, "sparse_count must be positive, got %d" % sparse_count)
+    n1, d = query.shape[-2], query.shape[-1]
+    n2 = key.shape[-2]
+    check(key.shape[-1] == d, op, "key head dim %d differs from the query's %d" % (key.shape[-1], d))
+    check(n1 % n2 == 0, op, "query heads %d are not a multiple of key heads %d" % (n1, n2))
+    check(tuple(weights.shape) == tuple(query.shape[:-1]), op, "weights shape %s must be query shape without D %s"
+          % (tuple(weights.shape), tuple(query.shape[:-1])))
+    out_shape = tuple(query.shape[:-2]) + (n2, sparse_count)
+    empty = query.new_empty([0])
+    if _symbolic(query) or _symbolic(key):
+        return query.new_empty(out_shape, dtype=torch.int32), empty
+    rows = QueryRows(op, query, layout_query, actual_seq_lengths_query)
+    keys = KeyRows(op, key, layout_key, actual_seq_lengths_key, block_table, rows.batch)
+    cdt = _compute_dtype(query)
+    qf, wf = rows.flat(query), rows.flat(weights)
+    out = torch.full((qf.shape[0], n2, sparse_count), -1, dtype=torch.int32, device=query.device)
+    for b in range(rows.batch):
+        s1, start = rows.lengths[b], rows.starts[b]
+        k = keys.keys(key, b)
+        s2 = k.shape[0]
+        if s1 == 0 or s2 == 0:
+            continue
+        scores = indexer_scores(qf[start:start + s1], wf[start:start + s1], k, cdt)  # [N2, S1, S2]
+        if sparse_mode == 3:
+            scores = scores.masked_fill(causal_mask(s1, s2, query.device), float("-inf"))
+        vals, idx = torch.sort(scores, dim=-1, descending=True, stable=True)
+        take = min(sparse_count, s2)
+        idx = torch.where(torch.isneginf(vals[..., :take]), torch.full_like(idx[..., :take], -1), idx[..., :take])
+        out[start:start + s1, :, :take] = idx.permute(1, 0, 2).to(torch.int32)
+    return out.reshape(out_shape), empty
