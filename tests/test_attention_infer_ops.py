@@ -202,13 +202,83 @@ def test_ifa_fp16_zero_length_and_errors():
     out = torch_npu.npu_incre_flash_attention(q, k, v, num_heads=2, actual_seq_lengths=[3, 0])
     close(out, ref(q, k, v, 2, 2, "BSH", kv_len=[3, 0])[0], torch.float16)
     assert torch.all(out[1] == 0)
-    with pytest.raises(NotImplementedError, match="block_table"):
-        torch_npu.npu_incre_flash_attention(q, k, v, num_heads=2, block_table=torch.zeros(1, 1, dtype=torch.int32))
+    with pytest.raises(NotImplementedError, match="kv_padding_size with block_table"):
+        torch_npu.npu_incre_flash_attention(q, k, v, num_heads=2, block_table=torch.zeros(2, 1, dtype=torch.int32),
+                                            kv_padding_size=torch.tensor([1]), block_size=16, actual_seq_lengths=[1, 1])
     with pytest.raises(NotImplementedError, match="antiquant_scale"):
         torch_npu.npu_incre_flash_attention(q, k, v, num_heads=2, antiquant_scale=torch.ones(2))
     q2 = rand((2, 3, 8))
     with pytest.raises(RuntimeError, match="decode"):
         torch_npu.npu_incre_flash_attention(q2, q2, q2, num_heads=2)
+
+
+# ------------------------------------------------------------ page attention, KV left padding
+
+
+def paged(dense, table, block_size, lens):
+    """Scatter dense BSH keys [B, S, H] into a cache of blocks through ``table`` (written here,
+    independently of the op): token j of batch b -> block table[b, j // bs], row j % bs."""
+    b, s, h = dense.shape
+    nblocks = int(table.max()) + 2
+    cache = torch.full((nblocks, block_size, h), float("nan"), dtype=dense.dtype)  # rows past a length: NaN
+    for bi in range(b):
+        for j in range(lens[bi]):
+            cache[table[bi, j // block_size], j % block_size] = dense[bi, j]
+    return cache
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("four_d", [False, True])
+def test_ifa_page_attention(device, four_d):
+    b, s2, n, n_kv, d, bs = 2, 12, 4, 2, 8, 4
+    layout = "BNSD" if four_d else "BSH"
+    q = rand(shape_of(layout, b, 1, n, d), seed=41)
+    k, v = rand((b, s2, n_kv * d), seed=42), rand((b, s2, n_kv * d), seed=43)
+    table = torch.tensor([[4, 0, 6], [2, 5, 1]], dtype=torch.int32)
+    lens = [10, 7]
+    kc, vc = paged(k, table, bs, lens), paged(v, table, bs, lens)
+    if four_d:
+        kc = kc.view(kc.shape[0], bs, n_kv, d).transpose(1, 2).contiguous()
+        vc = vc.view(vc.shape[0], bs, n_kv, d).transpose(1, 2).contiguous()
+    out = torch_npu.npu_incre_flash_attention(q.to(device), kc.to(device), vc.to(device),
+                                              num_heads=n, num_key_value_heads=n_kv, scale_value=0.4,
+                                              input_layout=layout, block_table=table.to(device), block_size=bs,
+                                              actual_seq_lengths=lens)
+    kd = to_bsnd(k, "BSH", n_kv)
+    vd = to_bsnd(v, "BSH", n_kv)
+    want = ref(q, from_bsnd(kd, layout), from_bsnd(vd, layout), n, n_kv, layout, scale=0.4, kv_len=lens)[0]
+    close(out, want, device=device)
+
+
+def test_fias_page_attention_prompt_fp16():
+    b, s1, s2, n, d, bs = 2, 3, 8, 2, 8, 4
+    q = rand((b, s1, n * d), torch.float16, seed=44)
+    k, v = rand((b, s2, n * d), torch.float16, seed=45), rand((b, s2, n * d), torch.float16, seed=46)
+    table = torch.tensor([[3, 1], [0, 2]], dtype=torch.int32)
+    m = torch.ones(s1, s2, dtype=torch.bool).triu(1 + s2 - s1)
+    out, _ = torch_npu.npu_fused_infer_attention_score(
+        q.npu(), paged(k, table, bs, [8, 6]).npu(), paged(v, table, bs, [8, 6]).npu(), atten_mask=m.npu(), num_heads=n,
+        scale=0.3, block_table=table.npu(), block_size=bs, actual_seq_lengths_kv=[8, 6])
+    close(out, ref(q, k, v, n, n, "BSH", mask=m, scale=0.3, kv_len=[8, 6])[0], torch.float16, "npu")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_ifa_kv_left_padding(device):
+    b, s2, n, d = 3, 9, 2, 4
+    q, k, v = make("BSND", b, 1, s2, n, n, d, device=device)
+    pad, lens = 2, [5, 7, 8]
+    out = torch_npu.npu_incre_flash_attention(q, k, v, num_heads=n, input_layout="BSND", scale_value=0.5,
+                                              actual_seq_lengths=lens, kv_padding_size=torch.tensor([pad]))
+    mask = torch.ones(b, 1, 1, s2, dtype=torch.bool)
+    for bi, n_ in enumerate(lens):
+        mask[bi, 0, 0, s2 - pad - n_:s2 - pad] = False  # documented: keys [S - pad - len, S - pad)
+    want = ref(q.cpu(), k.cpu(), v.cpu(), n, n, "BSND", mask=mask, scale=0.5)[0]
+    close(out[:2], want[:2], device=device)
+    assert torch.all(out[2] == 0)  # start S - pad - len < 0: documented all-zero result
+    # without actual_seq_lengths the padding size is ignored (right padding)
+    out2 = torch_npu.npu_incre_flash_attention(q, k, v, num_heads=n, input_layout="BSND", scale_value=0.5,
+                                               kv_padding_size=torch.tensor([pad]))
+    close(out2, ref(q.cpu(), k.cpu(), v.cpu(), n, n, "BSND", scale=0.5)[0], device=device)
 
 
 # ------------------------------------------------------------ fused infer attention score
@@ -246,7 +316,7 @@ def test_fias_decode_fp16(device):
 
 def test_fias_unsupported():
     q, k, v = make("BSH", 1, 2, 2, 1, 1, 4)
-    for kw, word in ((dict(sparse_mode=3), "sparse_mode"), (dict(block_table=torch.zeros(1, 1)), "block_table"),
+    for kw, word in ((dict(sparse_mode=3), "sparse_mode"), (dict(kv_padding_size=torch.zeros(1)), "kv_padding_size"),
                      (dict(actual_seq_lengths=[1]), "actual_seq_lengths"), (dict(input_layout="TND"), "TND"),
                      (dict(antiquant_mode=1), "antiquant_mode"), (dict(query_rope=q), "query_rope")):
         with pytest.raises(NotImplementedError, match=word):

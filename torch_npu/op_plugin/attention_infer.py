@@ -55,6 +55,36 @@ def _split(op, query, key, value, num_heads, num_kv_heads, layout, layouts):
     return q, k, v
 
 
+def _split_paged(op, query, key, value, block_table, block_size, num_heads, num_kv_heads, layout, layouts,
+                 lengths):
+    """Like _split for page attention: query in ``layout``, key/value caches of blocks."""
+    if layout not in layouts:
+        _unsupported(op, "input_layout %r (supported: %s)" % (layout, ", ".join(layouts)))
+    check(num_heads > 0, op, "num_heads must be positive, got %d" % num_heads)
+    n_kv = num_heads if num_kv_heads == 0 else num_kv_heads
+    check(num_heads % n_kv == 0, op, "num_heads %d is not a multiple of num_key_value_heads %d" % (num_heads, n_kv))
+    check(key.dtype == value.dtype and tuple(key.shape) == tuple(value.shape), op,
+          "key and value caches must have one dtype and shape")
+    head_dim = query.shape[2] // num_heads if layout == "BSH" else query.shape[3]
+    q = _to_bnsd(op, query, layout, head_dim, "query")
+    check(q.shape[1] == num_heads, op, "query has %d heads but num_heads is %d" % (q.shape[1], num_heads))
+    if key.dim() == 4:
+        check(layout == "BNSD", op, "a (blocknum, numKvHeads, blocksize, headDims) cache needs query layout BNSD")
+    lens = None if lengths is None else [int(x) for x in (lengths.tolist() if torch.is_tensor(lengths) else lengths)]
+    k = _paged_kv(op, key, block_table, block_size, n_kv, head_dim, q.shape[0], lens, "key")
+    v = _paged_kv(op, value, block_table, block_size, n_kv, head_dim, q.shape[0], lens, "value")
+    # rows past a sequence's length are never read on hardware: whatever they hold (even NaN
+    # in a fresh cache) must not reach the result through 0 * NaN
+    if lens is not None:
+        lens_b = lens * q.shape[0] if len(lens) == 1 else lens
+        dead = torch.arange(k.shape[2], device=k.device).view(1, 1, -1, 1) >= torch.tensor(
+            lens_b, device=k.device).view(-1, 1, 1, 1)
+        k, v = k.masked_fill(dead, 0), v.masked_fill(dead, 0)
+    check(key.dtype == query.dtype, op, "key cache dtype %s differs from the query's %s (int8 caches need antiquant, "
+          "not emulated)" % (key.dtype, query.dtype))
+    return q, k, v
+
+
 def _mask4(op, atten_mask, b, s1, s2, decode):
     """atten_mask -> bool broadcastable to [B, N, S1, S2] (True = masked)."""
     m = atten_mask if atten_mask.dtype == torch.bool else atten_mask != 0
@@ -81,6 +111,48 @@ def _kv_len_mask(op, lengths, b, s2, device, what):
         check(0 <= n <= s2, op, "%s entries must be in [0, %d], got %s" % (what, s2, n))
     lens = torch.tensor(lengths, dtype=torch.long, device=device).view(b, 1, 1, 1)
     return torch.arange(s2, device=device).view(1, 1, 1, s2) >= lens
+
+
+def _paged_kv(op, cache, block_table, block_size, n_kv, head_dim, batch, lengths, what):
+    """PageAttention: a kv cache of whole blocks read through ``block_table`` [B, blocks] ->
+    [B, N_kv, blocks * block_size, D]. Documented cache layouts: (blocknum, blocksize, H) and
+    (blocknum, numKvHeads, blocksize, headDims); logical token j of batch b is row
+    ``j % block_size`` of block ``block_table[b, j // block_size]``."""
+    check(block_table.dim() == 2 and block_table.shape[0] == batch, op,
+          "block_table must be 2-D with B=%d rows, got %s" % (batch, tuple(block_table.shape)))
+    check(lengths is not None, op, "page attention needs the per-batch actual sequence lengths")
+    check(block_size > 0, op, "block_size must be positive with block_table, got %d" % block_size)
+    if cache.dim() == 3:
+        check(tuple(cache.shape[1:]) == (block_size, n_kv * head_dim), op,
+              "%s cache must be (blocknum, %d, %d), got %s" % (what, block_size, n_kv * head_dim, tuple(cache.shape)))
+        blocks = cache.view(cache.shape[0], block_size, n_kv, head_dim).transpose(1, 2)
+    else:
+        check(cache.dim() == 4 and tuple(cache.shape[1:]) == (n_kv, block_size, head_dim), op,
+              "%s cache must be (blocknum, %d, %d, %d), got %s"
+              % (what, n_kv, block_size, head_dim, tuple(cache.shape)))
+        blocks = cache
+    need = max((n + block_size - 1) // block_size for n in lengths)
+    check(block_table.shape[1] >= need, op, "block_table has %d columns, the longest sequence needs %d"
+          % (block_table.shape[1], need))
+    # columns past a sequence's blocks may hold anything: clamp them to a valid id, the
+    # length mask hides those keys
+    table = block_table.long().clamp(0, cache.shape[0] - 1)
+    gathered = blocks[table]  # [B, blocks, N_kv, bs, D]
+    b, nb = table.shape
+    return gathered.permute(0, 2, 1, 3, 4).reshape(b, n_kv, nb * block_size, head_dim)
+
+
+def _left_padding_mask(op, kv_padding_size, lengths, b, s2, device):
+    """KV left padding: batch b's keys are ``[S - pad - len, S - pad)``; a start or end below 0
+    gives an all-zero output (documented). Returns (mask True = masked, rows to zero)."""
+    pad = max(int(kv_padding_size.reshape(-1)[0]) if torch.is_tensor(kv_padding_size) else int(kv_padding_size), 0)
+    lengths = list(lengths) * (b if len(lengths) == 1 else 1)
+    check(len(lengths) == b, op, "actual_seq_lengths must have 1 or B=%d entries" % b)
+    j = torch.arange(s2, device=device).view(1, 1, 1, s2)
+    end = s2 - pad
+    starts = torch.tensor([end - n for n in lengths], dtype=torch.long, device=device).view(b, 1, 1, 1)
+    zero = torch.tensor([end - n < 0 or end < 0 for n in lengths], device=device).view(b, 1, 1, 1)
+    return (j < starts) | (j >= end), zero
 
 
 def _core(q, k, v, mask, scale):
@@ -115,10 +187,14 @@ def _band(mask, s1, s2, pre_tokens, next_tokens, device):
 
 
 def _prompt(op, query, key, value, atten_mask, actual_seq_lengths_kv, num_heads, scale, pre_tokens,
-            next_tokens, layout, num_kv_heads, sparse_mode, layouts):
+            next_tokens, layout, num_kv_heads, sparse_mode, layouts, block_table=None, block_size=0):
     if sparse_mode != 0:
         _unsupported(op, "sparse_mode %d (supported: 0)" % sparse_mode)
-    q, k, v = _split(op, query, key, value, num_heads, num_kv_heads, layout, layouts)
+    if block_table is None:
+        q, k, v = _split(op, query, key, value, num_heads, num_kv_heads, layout, layouts)
+    else:
+        q, k, v = _split_paged(op, query, key, value, block_table, block_size, num_heads, num_kv_heads, layout,
+                               layouts, actual_seq_lengths_kv)
     b, _, s1, _ = q.shape
     s2 = k.shape[2]
     mask = None
@@ -169,24 +245,45 @@ def npu_incre_flash_attention(query, key, value, padding_mask=None, atten_mask=N
     Layouts BSH / BSND / BNSD; GQA via ``num_key_value_heads``; ``atten_mask`` (True = masked)
     of shape [B, S2], [B, 1, S2] or [B, 1, 1, S2]; ``actual_seq_lengths`` (1 or B entries)
     keeps only the first ``actual_seq_lengths[b]`` keys of batch b (a length 0 outputs zeros).
-    padding_mask, pse_shift, paged attention (block_table), kv_padding_size and the
-    (anti)quantization arguments raise NotImplementedError. Computed in float32."""
+    Page attention: with ``block_table`` [B, blocks] (int32) and ``block_size``, key/value are
+    caches of blocks, (blocknum, block_size, H) or (blocknum, N_kv, block_size, D) (the latter
+    with query layout BNSD); logical token j of batch b is row ``j % block_size`` of block
+    ``block_table[b, j // block_size]``; ``actual_seq_lengths`` is then required. KV left
+    padding: with ``kv_padding_size`` and ``actual_seq_lengths`` the keys of batch b are
+    ``[S - pad - len, S - pad)`` (pad < 0 counts as 0; a start or end below 0 outputs
+    zeros), as documented; without actual_seq_lengths it is ignored (right padding).
+    padding_mask, pse_shift (its place relative to scale_value is not given in the docs'
+    text), kv_padding_size together with block_table and the (anti)quantization arguments
+    raise NotImplementedError. Computed in float32."""
     op = "npu_incre_flash_attention"
     _reject(op, padding_mask=padding_mask, pse_shift=pse_shift, antiquant_scale=antiquant_scale,
-            antiquant_offset=antiquant_offset, block_table=block_table, dequant_scale1=dequant_scale1,
+            antiquant_offset=antiquant_offset, dequant_scale1=dequant_scale1,
             quant_scale1=quant_scale1, dequant_scale2=dequant_scale2, quant_scale2=quant_scale2,
-            quant_offset2=quant_offset2, kv_padding_size=kv_padding_size)
-    q, k, v = _split(op, query, key, value, num_heads, num_key_value_heads, input_layout, ("BSH", "BSND", "BNSD"))
+            quant_offset2=quant_offset2)
+    layouts = ("BSH", "BSND", "BNSD")
+    if block_table is not None and kv_padding_size is not None:
+        _unsupported(op, "kv_padding_size with block_table")
+    if block_table is None:
+        q, k, v = _split(op, query, key, value, num_heads, num_key_value_heads, input_layout, layouts)
+    else:
+        q, k, v = _split_paged(op, query, key, value, block_table, block_size, num_heads, num_key_value_heads,
+                               input_layout, layouts, actual_seq_lengths)
     b, _, s1, _ = q.shape
     s2 = k.shape[2]
     check(s1 == 1, op, "query sequence length must be 1 (decode), got %d" % s1)
     mask = None
     if atten_mask is not None:
         mask = _mask4(op, atten_mask, b, s1, s2, decode=True)
-    if actual_seq_lengths is not None:
+    zero_rows = None
+    if kv_padding_size is not None and actual_seq_lengths is not None and block_table is None:
+        kvm, zero_rows = _left_padding_mask(op, kv_padding_size, actual_seq_lengths, b, s2, q.device)
+        mask = kvm if mask is None else (mask | kvm)
+    elif actual_seq_lengths is not None:
         kvm = _kv_len_mask(op, actual_seq_lengths, b, s2, q.device, "actual_seq_lengths")
         mask = kvm if mask is None else (mask | kvm)
     out, _ = _core(q, k, v, mask, scale_value)
+    if zero_rows is not None:
+        out = out.masked_fill(zero_rows, 0.0)
     return _from_bnsd(out.to(query.dtype), input_layout)
 
 
@@ -209,15 +306,17 @@ def npu_fused_infer_attention_score(query, key, value, pse_shift=None, atten_mas
     ``actual_seq_lengths_kv``). Returns ``(attention_out`` in the input layout and dtype,
     ``softmax_lse)``: with ``softmax_lse_flag`` the float32 [B, N, S1, 1] log-sum-exp of the
     scaled, masked logits (+inf for a fully masked row), else an empty float32 tensor.
-    pse_shift, actual_seq_lengths (query), paged attention, shared prefixes, rope splits and
-    (anti)quantization raise NotImplementedError."""
+    Page attention (``block_table``, ``block_size``, caches of blocks) as in
+    npu_incre_flash_attention, with ``actual_seq_lengths_kv`` required.
+    pse_shift, actual_seq_lengths (query: what rows past it output is not documented), left
+    padding, shared prefixes, rope splits and (anti)quantization raise NotImplementedError."""
     op = "npu_fused_infer_attention_score"
     _reject(op, pse_shift=pse_shift, actual_seq_lengths=actual_seq_lengths, dequant_scale1=dequant_scale1,
             quant_scale1=quant_scale1, dequant_scale2=dequant_scale2, quant_scale2=quant_scale2,
             quant_offset2=quant_offset2, antiquant_scale=antiquant_scale, antiquant_offset=antiquant_offset,
             key_antiquant_scale=key_antiquant_scale, key_antiquant_offset=key_antiquant_offset,
             value_antiquant_scale=value_antiquant_scale, value_antiquant_offset=value_antiquant_offset,
-            block_table=block_table, query_padding_size=query_padding_size, kv_padding_size=kv_padding_size,
+            query_padding_size=query_padding_size, kv_padding_size=kv_padding_size,
             key_shared_prefix=key_shared_prefix, value_shared_prefix=value_shared_prefix,
             actual_shared_prefix_len=actual_shared_prefix_len, query_rope=query_rope, key_rope=key_rope,
             key_rope_antiquant_scale=key_rope_antiquant_scale)
@@ -226,7 +325,8 @@ def npu_fused_infer_attention_score(query, key, value, pse_shift=None, atten_mas
         if val != 0:
             _unsupported(op, "%s %d" % (arg, val))
     out, lse = _prompt(op, query, key, value, atten_mask, actual_seq_lengths_kv, num_heads, scale, pre_tokens,
-                       next_tokens, input_layout, num_key_value_heads, sparse_mode, ("BSH", "BSND", "BNSD"))
+                       next_tokens, input_layout, num_key_value_heads, sparse_mode, ("BSH", "BSND", "BNSD"),
+                       block_table, block_size)
     if softmax_lse_flag:
         lse = lse.detach().float().contiguous()
     else:
