@@ -1,4 +1,5 @@
-"""Round-4 attention-family ops: npu_lightning_indexer, npu_sparse_flash_attention,
+"""Round-4 attention-family ops: npu_lightning_indexer, npu_dense_lightning_indexer_softmax_lse,
+npu_sparse_flash_attention,
 npu_recurrent_gated_delta_rule(_functional).
 
 References are written here from the documented formulas (per-token float64 loops that
@@ -95,6 +96,34 @@ def test_lightning_indexer_fake_and_unsupported():
         assert idx.shape == (2, 5, 1, 32) and idx.dtype == torch.int32
     with pytest.raises(NotImplementedError, match="return_value"):
         torch_npu.npu_lightning_indexer(rand((1, 1, 2, 4)), rand((1, 3, 1, 4)), rand((1, 1, 2)), return_value=True)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", ["BSND", "TND"])
+def test_dense_lightning_indexer_softmax_lse(device, layout):
+    """max / sum(exp(score - max)) of the causal indexer score, per query row (float64 loops)."""
+    b, s1, s2, n1, d = 2, 3, 5, 4, 8
+    q, k, w = rand((b, s1, n1, d), seed=50), rand((b, s2, 1, d), seed=51), rand((b, s1, n1), seed=52)
+    kw = {}
+    qi, ki, wi = q, k, w
+    if layout == "TND":
+        qi, ki, wi = q.flatten(0, 1), k.flatten(0, 1), w.flatten(0, 1)
+        kw = dict(actual_seq_qlen=[3, 6], actual_seq_klen=[5, 10])
+    m, s = torch_npu.npu_dense_lightning_indexer_softmax_lse(qi.to(device), ki.to(device), wi.to(device),
+                                                             layout=layout, **kw)
+    em = torch.zeros(b, 1, s1, dtype=torch.float64)
+    es = torch.zeros_like(em)
+    for bi in range(b):
+        for i in range(s1):
+            sc = [sum(float(w[bi, i, h]) * max(0.0, float(q[bi, i, h].double() @ k[bi, j, 0].double()))
+                      for h in range(n1)) for j in range(s2) if j <= i + s2 - s1]
+            em[bi, 0, i] = max(sc)
+            es[bi, 0, i] = sum(math.exp(x - max(sc)) for x in sc)
+    if layout == "TND":
+        em, es = em.permute(1, 0, 2).reshape(1, b * s1), es.permute(1, 0, 2).reshape(1, b * s1)
+    assert m.dtype == torch.float32 and m.shape == em.shape and m.device.type == device
+    torch.testing.assert_close(m.cpu().double(), em, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(s.cpu().double(), es, rtol=1e-5, atol=1e-5)
 
 
 # ---------------------------------------------------------------- sparse flash attention

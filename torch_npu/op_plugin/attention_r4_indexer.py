@@ -1,4 +1,5 @@
-"""npu_lightning_indexer (DeepSeek sparse attention's top-k key selection).
+"""npu_lightning_indexer (DeepSeek sparse attention's top-k key selection) and the softmax
+statistics of its dense score (npu_dense_lightning_indexer_softmax_lse).
 
 Documented formula, per query token and key head n2 (query heads ``n2*g .. n2*g+g-1``):
 
@@ -93,3 +94,49 @@ def npu_lightning_indexer(query, key, weights, *, actual_seq_lengths_query=None,
         idx = torch.where(torch.isneginf(vals[..., :take]), torch.full_like(idx[..., :take], -1), idx[..., :take])
         out[start:start + s1, :, :take] = idx.permute(1, 0, 2).to(torch.int32)
     return out.reshape(out_shape), empty
+
+
+@impl("npu_dense_lightning_indexer_softmax_lse")
+def npu_dense_lightning_indexer_softmax_lse(query_index, key_index, weights, *, actual_seq_qlen=None,
+                                            actual_seq_klen=None, layout="BSND", sparse_mode=3, pre_tokens=_MAX,
+                                            next_tokens=_MAX):
+    """Softmax statistics of the dense indexer score ``sum_h w_h ReLU(q_h . k_j)`` (same score
+    and sparse_mode 3 mask as npu_lightning_indexer): per query row, ``softmax_max = max_j
+    score`` and ``softmax_sum = sum_j exp(score - max)``, float32, shaped [B, N2, S1] for
+    BSND and [N2, T1] for TND (the element order of the op-plugin golden, which compares
+    flattened values). Rows past ``actual_seq_qlen`` hold 0."""
+    op = "npu_dense_lightning_indexer_softmax_lse"
+    check(sparse_mode in (0, 3), op, "sparse_mode must be 0 or 3, got %d" % sparse_mode)
+    check(pre_tokens == _MAX and next_tokens == _MAX, op, "pre_tokens/next_tokens only support 2^63-1")
+    n1, n2 = query_index.shape[-2], key_index.shape[-2]
+    check(n1 % n2 == 0, op, "query heads %d are not a multiple of key heads %d" % (n1, n2))
+    check(tuple(weights.shape) == tuple(query_index.shape[:-1]), op, "weights shape must be query shape without D")
+    if layout == "BSND":
+        shape = (query_index.shape[0], n2, query_index.shape[1])
+    else:
+        shape = (n2, query_index.shape[0])
+    if _symbolic(query_index) or _symbolic(key_index):
+        return (query_index.new_empty(shape, dtype=torch.float32), query_index.new_empty(shape, dtype=torch.float32))
+    rows = QueryRows(op, query_index, layout, actual_seq_qlen)
+    keys = KeyRows(op, key_index, layout, actual_seq_klen, None, rows.batch)
+    cdt = _compute_dtype(query_index)
+    qf, wf = rows.flat(query_index), rows.flat(weights)
+    smax = torch.zeros((n2, qf.shape[0]), dtype=torch.float32, device=query_index.device)
+    ssum = torch.zeros_like(smax)
+    for b in range(rows.batch):
+        s1, start = rows.lengths[b], rows.starts[b]
+        k = keys.keys(key_index, b)
+        if s1 == 0:
+            continue
+        scores = indexer_scores(qf[start:start + s1], wf[start:start + s1], k, cdt)  # [N2, S1, S2]
+        if sparse_mode == 3:
+            scores = scores.masked_fill(causal_mask(s1, k.shape[0], query_index.device), float("-inf"))
+        m = scores.amax(-1)
+        safe = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
+        smax[:, start:start + s1] = m.float()
+        ssum[:, start:start + s1] = torch.exp(scores - safe.unsqueeze(-1)).sum(-1).float()
+    if layout == "BSND":
+        b_, s_ = query_index.shape[0], query_index.shape[1]
+        smax = smax.view(n2, b_, s_).transpose(0, 1).contiguous()
+        ssum = ssum.view(n2, b_, s_).transpose(0, 1).contiguous()
+    return smax, ssum
