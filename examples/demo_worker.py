@@ -12,23 +12,9 @@ import runpy
 import sys
 
 
-def keep_kineto_cpu_activity():
-    """Workaround, reported to the maintainer: transfer_to_npu rebinds
-    `torch.profiler.ProfilerActivity.CPU` (Kineto's enum) to torch_npu's member,
-    and both torch.profiler and torch_npu's recorder read that attribute when a
-    recording starts, so every profile under transfer_to_npu fails ("Expected
-    ProfilerActivity or dict" / "No activities specified").  torch_npu.profiler
-    accepts Kineto's members by name, so putting Kineto's own member back is enough."""
-    import torch
-    kineto = torch._C._profiler.ProfilerActivity
-    if kineto.CPU is not kineto.__members__["CPU"]:
-        kineto.CPU = kineto.__members__["CPU"]
-
-
 def main():
     script = sys.argv[1]
     sys.argv = sys.argv[1:]
-    keep_kineto_cpu_activity()
     runpy.run_path(script, run_name="__main__")
     import torch_npu
     out_dir = os.environ["DEMO_FALLBACK_DIR"]

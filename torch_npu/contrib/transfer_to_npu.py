@@ -192,13 +192,9 @@ def _patch_profiler():
     for name in ("profile", "schedule", "tensorboard_trace_handler", "ProfilerAction"):
         if hasattr(npu_profiler, name):
             setattr(torch.profiler, name, getattr(npu_profiler, name))
-    npu_activity = getattr(npu_profiler, "ProfilerActivity", None)
-    if npu_activity is not None and hasattr(npu_activity, "NPU"):
-        try:
-            activity.CUDA = npu_activity.NPU
-            activity.CPU = npu_activity.CPU
-        except (AttributeError, TypeError):
-            pass
+    # ProfilerActivity.CUDA now names Kineto's own NPU member (set above); CPU stays
+    # Kineto's: torch_npu.profiler accepts Kineto's members, and rebinding them
+    # would break torch.profiler / torch.autograd.profiler for the script.
     profile = torch.profiler.profile
     config_type = getattr(npu_profiler, "_ExperimentalConfig", None)
 
