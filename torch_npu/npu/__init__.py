@@ -210,6 +210,11 @@ __all__ += [
 
 from .graphs import (  # noqa: E402
     NPUGraph, graph, graph_pool_handle, is_current_stream_capturing, make_graphed_callables,
+    graph_task_group_begin, graph_task_group_end, graph_task_update_begin, graph_task_update_end,
+    super_kernel_scope_begin, super_kernel_scope_end,
 )
+from ._npugraph_handlers import NpuGraphOpHandler, register_npu_graph_handler  # noqa: E402
 
-__all__ += ["NPUGraph", "graph", "graph_pool_handle", "is_current_stream_capturing", "make_graphed_callables"]
+__all__ += ["NPUGraph", "graph", "graph_pool_handle", "is_current_stream_capturing", "make_graphed_callables",
+            "graph_task_group_begin", "graph_task_group_end", "graph_task_update_begin", "graph_task_update_end",
+            "NpuGraphOpHandler", "register_npu_graph_handler", "super_kernel_scope_begin", "super_kernel_scope_end"]

@@ -24,8 +24,11 @@ from torch.utils import _pytree as pytree
 
 import torch_npu
 from torch_npu.utils._error_code import ErrCode, pta_error
+from torch_npu.npu._npugraph_handlers import find_handler
 
-__all__ = ["NPUGraph", "graph", "graph_pool_handle", "is_current_stream_capturing", "make_graphed_callables"]
+__all__ = ["is_current_stream_capturing", "graph_pool_handle", "graph_task_group_begin", "graph_task_group_end",
+           "graph_task_update_begin", "graph_task_update_end", "NPUGraph", "graph", "make_graphed_callables",
+           "super_kernel_scope_begin", "super_kernel_scope_end"]
 
 _capture_state = threading.local()
 _pool_ids = itertools.count(1)
@@ -70,19 +73,51 @@ class _RecordedOp:
         self.func, self.args, self.kwargs, self.outs = func, args, kwargs, outs
 
 
+class _TaskGroupHandle:
+    """A range of recorded ops of one graph (``graph_task_group_end``'s result)."""
+
+    def __init__(self, npu_graph, start, end):
+        self.graph, self.start, self.end = npu_graph, start, end
+
+
+class _GraphDispatchRecord:
+    """An op captured under ``auto_dispatch_capture``: what ``NPUGraph.update`` changes."""
+
+    def __init__(self, handle, func, args, kwargs, handler):
+        self.handle, self.op_cache_entry, self.handler = handle, func, handler
+        self.args, self.kwargs = list(args), kwargs
+        self.event = None
+
+
 class _CaptureMode(TorchDispatchMode):
-    def __init__(self, ops: List[_RecordedOp]):
+    def __init__(self, ops: List[_RecordedOp], npu_graph=None):
         super().__init__()
         self.ops = ops
+        self.graph = npu_graph
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func in _HOST_OPS or _is_host_copy(func, args, kwargs):
             raise RuntimeError(f"NPU error: {func.name()}: {_NOT_PERMITTED}. Reading device values on the host "
                                f"is not allowed inside an NPU graph capture." + pta_error(ErrCode.NOT_SUPPORT))
+        handler = find_handler(func) if self.graph is not None and self.graph.auto_dispatch_capture else None
+        if handler is not None:
+            return self._capture_updatable(handler, func, args, kwargs)
         out = func(*args, **kwargs)
         self.ops.append(_RecordedOp(func, args, kwargs, out))
         return out
+
+    def _capture_updatable(self, handler, func, args, kwargs):
+        """An op with a registered handler: its own task group, plus a dispatch record for ``update``."""
+        func, args, kwargs = handler.prepare_capture(func, tuple(args), dict(kwargs))
+        start = len(self.ops)
+        out = func(*args, **kwargs)
+        self.ops.append(_RecordedOp(func, tuple(args), kwargs, out))
+        tensor_names = [a.name for a in func._schema.arguments] if hasattr(func, "_schema") else []
+        stored = {k: handler.record_wrap_kwarg(k, v, tensor_names) for k, v in kwargs.items()}
+        self.graph._dispatch_records.append(
+            _GraphDispatchRecord(_TaskGroupHandle(self.graph, start, start + 1), func, args, stored, handler))
+        return handler.postprocess_result(out, kwargs)
 
 
 def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -102,6 +137,10 @@ class NPUGraph:
         self._pool = None
         self._capture_stream_key = None
         self._inputs = []   # (tensor, data_ptr, size, stride) of tensors the graph read but did not make
+        self.auto_dispatch_capture = False
+        self._dispatch_records: List[_GraphDispatchRecord] = []
+        self._group_start = None
+        self.super_kernel_options = None
 
     def capture_begin(self, pool=None, capture_error_mode="global"):
         if self._ops is not None or self._mode is not None:
@@ -119,7 +158,7 @@ class NPUGraph:
         self._pool = pool if pool is not None else graph_pool_handle()
         self._capture_stream_key = _stream_key(stream)
         recorded: List[_RecordedOp] = []
-        self._mode = _CaptureMode(recorded)
+        self._mode = _CaptureMode(recorded, self)
         _capture_state.graph = self
         self._mode.__enter__()
 
@@ -167,6 +206,45 @@ class NPUGraph:
     def reset(self):
         self._ops = None
         self._inputs = []
+        self._dispatch_records = []
+
+    def update(self, cpu_update_input):
+        """New argument values for the ops captured with handlers (``auto_dispatch_capture=True``), in capture
+        order; a single dict applies to all of them. The next ``replay`` runs them with these values."""
+        if not self.auto_dispatch_capture:
+            raise RuntimeError("The current graph configuration does not support update,"
+                               "Try to capture by setting auto_dispatch_capture=True during capture"
+                               + pta_error(ErrCode.PARAM))
+        records = self._dispatch_records
+        if len(cpu_update_input) == 1:
+            cpu_update_input = [dict(cpu_update_input[0]) for _ in records]
+        if len(cpu_update_input) != len(records):
+            raise RuntimeError(f"Currently, there are {len(records)} operators that need to be updated by capture, "
+                               f"and there are only {len(cpu_update_input)} elements in the incoming "
+                               f"cpu_update_input list" + pta_error(ErrCode.PARAM))
+        for record, update_input in zip(records, cpu_update_input):
+            schema = getattr(record.op_cache_entry, "_schema", None)
+            # Keys naming an argument already passed positionally are left to the handler's update_args.
+            positional = {a.name for a in schema.arguments[:len(record.args)]} if schema is not None else set()
+            for key, value in update_input.items():
+                if key not in positional:
+                    record.kwargs[key] = value
+            record.handler.update_args(record, update_input)
+            op = self._ops[record.handle.start]
+            op.args, op.kwargs = tuple(record.args), dict(record.kwargs)
+        self._inputs = self._external_inputs(self._ops)
+
+    def super_kernel_optimize(self, optimize_options=None, debug_options=None):
+        """Fuse the captured tasks into super kernels (hardware). The emulated device has no kernel launch cost
+        to save: the options are checked and kept (``super_kernel_options``); replay is unchanged."""
+        if self._ops is None:
+            raise RuntimeError("Called NPUGraph::super_kernel_optimize without a preceding successful capture."
+                               + pta_error(ErrCode.PARAM))
+        for name, opts in (("optimize_options", optimize_options), ("debug_options", debug_options)):
+            if opts is not None and not isinstance(opts, dict):
+                raise TypeError(f"{name} must be a dict or None, got {type(opts).__name__}"
+                                + pta_error(ErrCode.TYPE))
+        self.super_kernel_options = (dict(optimize_options or {}), dict(debug_options or {}))
 
     def pool(self):
         if self._pool is None:
@@ -203,6 +281,7 @@ class graph:
         self.stream_ctx = torch_npu.npu.stream(self.capture_stream)
         self.npu_graph = npu_graph
         self.capture_error_mode = capture_error_mode
+        self.npu_graph.auto_dispatch_capture = auto_dispatch_capture
 
     def __enter__(self):
         torch_npu.npu.synchronize()
@@ -217,6 +296,105 @@ class graph:
         finally:
             self.stream_ctx.__exit__(exc_type, exc, tb)
         return False
+
+
+def _capturing_graph(stream, what):
+    graph_obj = getattr(_capture_state, "graph", None)
+    if graph_obj is None or _stream_key(stream) != graph_obj._capture_stream_key:
+        raise RuntimeError(f"{what}: the stream is not capturing an NPU graph on this thread."
+                           + pta_error(ErrCode.NOT_SUPPORT))
+    return graph_obj
+
+
+def graph_task_group_begin(stream):
+    """Start a task group on the capturing ``stream``: the ops issued until ``graph_task_group_end``."""
+    graph_obj = _capturing_graph(stream, "graph_task_group_begin")
+    if graph_obj._group_start is not None:
+        raise RuntimeError("graph_task_group_begin: a task group is already open on this capture."
+                           + pta_error(ErrCode.NOT_SUPPORT))
+    graph_obj._group_start = len(graph_obj._mode.ops)
+
+
+def graph_task_group_end(stream):
+    """Close the task group; returns its handle, for ``graph_task_update_begin``."""
+    graph_obj = _capturing_graph(stream, "graph_task_group_end")
+    if graph_obj._group_start is None:
+        raise RuntimeError("graph_task_group_end: no task group was begun on this capture."
+                           + pta_error(ErrCode.NOT_SUPPORT))
+    handle = _TaskGroupHandle(graph_obj, graph_obj._group_start, len(graph_obj._mode.ops))
+    graph_obj._group_start = None
+    return handle
+
+
+class _UpdateMode(TorchDispatchMode):
+    """Records the ops that replace a task group's (they also run now: the device is synchronous)."""
+
+    def __init__(self, handle):
+        super().__init__()
+        self.handle, self.ops = handle, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        self.ops.append(_RecordedOp(func, args, kwargs, out))
+        return out
+
+
+def graph_task_update_begin(stream, handle):
+    """Start re-issuing the ops of task group ``handle`` with new arguments (after capture, on any stream)."""
+    if not isinstance(handle, _TaskGroupHandle):
+        raise TypeError("graph_task_update_begin: handle must come from graph_task_group_end, got "
+                        f"{type(handle).__name__}" + pta_error(ErrCode.TYPE))
+    if handle.graph._ops is None:
+        raise RuntimeError("graph_task_update_begin: the graph of this task group has not finished capture."
+                           + pta_error(ErrCode.NOT_SUPPORT))
+    if getattr(_capture_state, "update", None) is not None:
+        raise RuntimeError("graph_task_update_begin: a task update is already under way on this thread."
+                           + pta_error(ErrCode.NOT_SUPPORT))
+    mode = _UpdateMode(handle)
+    _capture_state.update = (_stream_key(stream), mode)
+    mode.__enter__()
+
+
+def graph_task_update_end(stream):
+    """Finish the update: the group's recorded ops become the ones just issued, writing the captured outputs."""
+    state = getattr(_capture_state, "update", None)
+    if state is None or state[0] != _stream_key(stream):
+        raise RuntimeError("graph_task_update_end: no task update was begun on this stream."
+                           + pta_error(ErrCode.NOT_SUPPORT))
+    _capture_state.update = None
+    key, mode = state
+    mode.__exit__(None, None, None)
+    handle = mode.handle
+    old = handle.graph._ops[handle.start:handle.end]
+    if len(mode.ops) != len(old):
+        raise RuntimeError(f"graph_task_update_end: the update issued {len(mode.ops)} ops, the task group "
+                           f"captured {len(old)}; an update must issue the same tasks." + pta_error(ErrCode.PARAM))
+    handle.graph._ops[handle.start:handle.end] = [
+        _RecordedOp(new.func, new.args, new.kwargs, prev.outs) for new, prev in zip(mode.ops, old)]
+    handle.graph._inputs = handle.graph._external_inputs(handle.graph._ops)
+
+
+_super_kernel_scopes = threading.local()
+
+
+def super_kernel_scope_begin(scope_name: Optional[str] = None):
+    """Open a super-kernel scope (a fusion hint of graph compilation). Eager work is unaffected: the scope
+    names are only kept, per thread, for ``super_kernel_scope_end``."""
+    if scope_name is not None and not isinstance(scope_name, str):
+        raise TypeError(f"scope_name must be a str or None, got {type(scope_name).__name__}"
+                        + pta_error(ErrCode.TYPE))
+    _super_kernel_scopes.__dict__.setdefault("stack", []).append(scope_name)
+
+
+def super_kernel_scope_end(scope_name: Optional[str] = None):
+    """Close the innermost super-kernel scope (see ``super_kernel_scope_begin``)."""
+    if scope_name is not None and not isinstance(scope_name, str):
+        raise TypeError(f"scope_name must be a str or None, got {type(scope_name).__name__}"
+                        + pta_error(ErrCode.TYPE))
+    stack = _super_kernel_scopes.__dict__.setdefault("stack", [])
+    if stack:
+        stack.pop()
 
 
 def make_graphed_callables(callables, sample_args, num_warmup_iters=3, allow_unused_input=False, pool=None):

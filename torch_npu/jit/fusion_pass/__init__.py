@@ -1,0 +1,1 @@
+"""TorchScript fusion passes, one per fused op."""
