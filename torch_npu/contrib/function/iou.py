@@ -13,7 +13,7 @@ __all__ = []
 def npu_iou(boxes1, boxes2, mode="ptiou", is_normalized=False, normalized_scale=100.):
     """IoU of every pair of xyxy boxes1 (N, 4) x boxes2 (M, 4) -> (N, M).
 
-    ``iou``: (overlap + 0.001) / (union + 0.001); ``ptiou``: overlap / (union + 0.001).
+    Both modes give the IoU of :func:`torch_npu.npu_iou` (``ptiou`` is its deprecated alias).
     Normalised coordinates are first scaled by ``normalized_scale``.
     """
     if mode not in ("iou", "ptiou"):
