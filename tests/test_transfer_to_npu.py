@@ -122,3 +122,21 @@ emit([ref, step("cuda"), step(torch.device("cuda", 0))])
 '''
     ref, via_cuda, via_device = run_json(code)
     assert via_cuda == ref and via_device == ref
+
+
+def test_profilers_still_work_under_the_patch():
+    # A CUDA script that profiles: torch.profiler with CPU + CUDA activities, and
+    # the legacy autograd profiler, both record the npu ops.
+    out = run_json("""
+import torch, torch_npu
+import torch_npu.contrib.transfer_to_npu
+from torch.profiler import profile, ProfilerActivity
+x = torch.ones(64, 64).cuda()
+with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
+    torch.mm(x, x)
+names = {e.key for e in p.key_averages()}
+with torch.autograd.profiler.profile() as q:
+    torch.mm(x, x)
+emit([str(x.device), "aten::mm" in names, "aten::mm" in {e.key for e in q.key_averages()}])
+""")
+    assert out == ["npu:0", True, True]

@@ -97,6 +97,16 @@ class profile:
         with open(output, "w", encoding="utf-8") as f:
             f.write(json.dumps(events))
 
+    def key_averages(self, group_by_input_shape: bool = False, group_by_stack_n: int = 0):
+        """The last recording's per-op averages, as torch.profiler gives them (host times;
+        on the synchronous emulated device they are also the device times). Scripts written
+        for torch.profiler call this, e.g. under transfer_to_npu."""
+        return self._require_last().kineto.key_averages(group_by_input_shape, group_by_stack_n)
+
+    def events(self):
+        """The last recording's events (torch.profiler's EventList)."""
+        return self._require_last().kineto.events()
+
     def export_stacks(self, path: str, metric: str = "self_cpu_time_total"):
         """Flame-graph stacks (needs with_stack=True). The emulated device is
         synchronous, so 'self_npu_time_total' equals host self time."""
