@@ -1,10 +1,13 @@
 """npu_group_norm_swish and npu_group_norm_swish_grad against the documented formula written
 here in float64 (GroupNorm with biased variance, then h / (1 + exp(-scale * h)))."""
+import numpy as np
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import torch_npu
+from torch_npu.testing.common_utils import create_common_tensor
+from torch_npu.testing.testcase import TestCase
 
 DEVICES = ["cpu", "npu"]
 
@@ -20,22 +23,28 @@ def ref_forward(x, groups, w, b, eps, s):
     return h / (1 + torch.exp(-s * h)), mean, rstd
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float16, 4e-3), (torch.bfloat16, 3e-2)])
-@pytest.mark.parametrize("shape,groups,scale", [((2, 6, 5), 3, 1.0), ((3, 4, 2, 3), 2, 0.7), ((4, 8), 8, 1.5)])
-def test_forward(device, dtype, tol, shape, groups, scale):
-    g = torch.Generator().manual_seed(0)
-    x = (torch.randn(shape, generator=g) * 2 + 0.5).to(dtype)
-    w = torch.randn(shape[1], generator=g).to(dtype)
-    b = torch.randn(shape[1], generator=g).to(dtype)
-    y, mean, rstd = torch_npu.npu_group_norm_swish(x.to(device), groups, w.to(device), b.to(device),
-                                                   eps=1e-5, swish_scale=scale)
-    ry, rm, rr = ref_forward(x, groups, w, b, 1e-5, scale)
-    assert y.dtype == dtype and y.device.type == device and mean.shape == (shape[0], groups)
-    assert mean.dtype == torch.float32 and rstd.dtype == torch.float32
-    torch.testing.assert_close(y.cpu().double(), ry, rtol=tol, atol=tol)
-    torch.testing.assert_close(mean.cpu().double(), rm, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(rstd.cpu().double(), rr, rtol=1e-4, atol=1e-5)
+class TestGroupNormSwishForward(TestCase):
+    """Inputs from torch_npu.testing's create_common_tensor: the same values on CPU and npu."""
+
+    def test_forward(self):
+        for shape, groups, scale in [((2, 6, 5), 3, 1.0), ((3, 4, 2, 3), 2, 0.7), ((4, 8), 8, 1.5)]:
+            xs = create_common_tensor([np.float32, -1, shape], -1.5, 2.5)
+            ws = create_common_tensor([np.float32, -1, (shape[1],)], -1.5, 1.5)
+            bs = create_common_tensor([np.float32, -1, (shape[1],)], -1.5, 1.5)
+            for dtype, tol in [(torch.float32, 1e-5), (torch.float16, 4e-3), (torch.bfloat16, 3e-2)]:
+                x, w, b = xs[0].to(dtype), ws[0].to(dtype), bs[0].to(dtype)
+                ry, rm, rr = ref_forward(x, groups, w, b, 1e-5, scale)
+                for i, device in enumerate(DEVICES):
+                    with self.subTest(shape=shape, dtype=dtype, device=device):
+                        y, mean, rstd = torch_npu.npu_group_norm_swish(
+                            xs[i].to(dtype), groups, ws[i].to(dtype), bs[i].to(dtype), eps=1e-5, swish_scale=scale)
+                        self.assertEqual(y.dtype, dtype)
+                        self.assertEqual(y.device.type, device)
+                        self.assertEqual(mean.shape, (shape[0], groups))
+                        self.assertEqual((mean.dtype, rstd.dtype), (torch.float32, torch.float32))
+                        torch.testing.assert_close(y.cpu().double(), ry, rtol=tol, atol=tol)
+                        torch.testing.assert_close(mean.cpu().double(), rm, rtol=1e-5, atol=1e-5)
+                        torch.testing.assert_close(rstd.cpu().double(), rr, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("device", DEVICES)
