@@ -4,7 +4,6 @@ generators, torch_npu.utils.profiler. Each against an independent reference: for
 computation, the real error texts."""
 import io
 import math
-import os
 import pickle
 import subprocess
 import sys
