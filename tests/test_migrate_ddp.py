@@ -14,9 +14,11 @@ from torch_npu.cli import main
 SAMPLES = Path(__file__).parent / "migration_samples"
 
 
-def _launch(script, env):
+def _launch(script, env, log_dir):
+    # Each rank's stdout goes to its own file (--redirects 1): two ranks printing
+    # into one pipe can interleave inside a line.
     return subprocess.Popen([sys.executable, "-m", "torch_npu.distributed.run", "--nproc-per-node", "2",
-                             "--standalone", str(script)],
+                             "--standalone", "--log-dir", str(log_dir), "--redirects", "1", str(script)],
                             cwd=str(script.parent), env=make_env(**env), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 
@@ -29,10 +31,14 @@ def test_ddp_sample_runs_with_hccl(tmp_path):
     for name, script, env in (("transfer", SAMPLES / "ddp_train.py", {"TORCH_TRANSFER_TO_NPU": 1}),
                               ("fixed", fixed, {"TORCH_TRANSFER_TO_NPU": 0})):
         # one launch at a time: two concurrent torchrun jobs lost output lines here
-        proc = _launch(script, env)
+        log_dir = tmp_path / f"logs_{name}"
+        proc = _launch(script, env, log_dir)
         out, err = proc.communicate(timeout=150)
         assert proc.returncode == 0, f"{name}: {err[-3000:]}"
-        runs[name] = sorted(line for line in out.splitlines() if line.startswith("rank "))
+        outs = sorted(log_dir.rglob("stdout.log"))
+        assert len(outs) == 2, outs
+        lines = [line for f in outs for line in f.read_text().splitlines()]
+        runs[name] = sorted(line for line in lines if line.startswith("rank "))
     assert runs["transfer"] == runs["fixed"]
     final = [line.split() for line in runs["fixed"] if "weight_sum" in line]
     assert len(final) == 2
