@@ -703,8 +703,18 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::endCoalescing() {
 c10::intrusive_ptr<c10d::Backend> ProcessGroupHCCL::split(const c10::intrusive_ptr<c10d::Store>& store,
                                                           const std::vector<int>& ranks,
                                                           const c10::intrusive_ptr<c10d::Backend::Options>& opts) {
+  // Every rank of this group takes part in every split (non-members too), so
+  // this count agrees across ranks. c10d's store prefix for the child is
+  // derived from how many groups each rank has registered, which differs
+  // after a new_group that left some ranks out; NCCL does not mind (its
+  // split needs no store), but Gloo's mesh must rendezvous under one prefix.
+  const uint64_t split_index = split_count_++;
   auto it = std::find(ranks.begin(), ranks.end(), getRank());
   if (it == ranks.end()) return nullptr;  // this rank is not in the new group
+  std::ostringstream prefix;
+  prefix << "hccl_split/" << split_index << "/";
+  for (int r : ranks) prefix << r << ",";
+  auto split_store = c10::make_intrusive<c10d::PrefixStore>(prefix.str(), store_);
   auto options = c10::make_intrusive<Options>(options_->is_high_priority_stream);
   options->timeout = opts ? opts->timeout : options_->timeout;
   if (opts) {
@@ -713,7 +723,7 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupHCCL::split(const c10::intrusive_p
   }
   options->hccl_config = options_->hccl_config;
   options->op_timeout = options_->op_timeout;
-  auto pg = c10::make_intrusive<ProcessGroupHCCL>(store, static_cast<int>(it - ranks.begin()),
+  auto pg = c10::make_intrusive<ProcessGroupHCCL>(split_store, static_cast<int>(it - ranks.begin()),
                                                   static_cast<int>(ranks.size()), options);
   pg->set_collective_check(check_);
   return pg;

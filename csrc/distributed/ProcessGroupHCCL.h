@@ -113,6 +113,7 @@ class ProcessGroupHCCL : public c10d::Backend {
   c10::intrusive_ptr<c10d::Backend> gloo_;
   c10::intrusive_ptr<c10d::Backend> checker_;  // a second Gloo group for fingerprints
   std::atomic<uint64_t> seq_{0};
+  uint64_t split_count_ = 0;  // splits of this group so far (same on every rank)
   bool check_ = true;
   bool coalescing_ = false;
   std::vector<c10::intrusive_ptr<c10d::Work>> coalesced_;  // works of the open coalesced block

@@ -99,6 +99,10 @@ void init_distributed_bindings(py::module& parent) {
                               ")");
                   self.setGroupUid(name);
                 })
+                // c10d calls this on ranks left out of a new_group when the default
+                // group is bound to a device (NCCL must split on every rank); the
+                // Gloo meshes here are built by the members alone.
+                .def("perform_nocolor_split", [](PG&, at::Device) {}, py::arg("device"))
                 .def("abort_hccl_comm", [](PG& self) { self.abort(); })
                 .def("resume_hccl_comm", [](PG& self, int64_t device_id) {}, py::arg("device_id"))
                 .def("get_coll_stream_id", [](PG&) { return 0; })
