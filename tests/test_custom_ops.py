@@ -317,13 +317,13 @@ def not_emulated_text(name):
 @pytest.mark.parametrize("device", DEVICES)
 def test_not_emulated_op_raises(device):
     # Ops whose semantics the public docs leave open stay not emulated.
-    boxes = torch.ones(1, 2, 5, device=device)
+    x = torch.ones(2, 4, 8, dtype=torch.int8, device=device)
     with pytest.raises(NotImplementedError) as info:
-        torch_npu.npu_rotated_iou(boxes, boxes)
-    assert str(info.value) == not_emulated_text("npu_rotated_iou")
+        torch_npu.npu_transpose_quant_batchmatmul(x, x, 1)
+    assert str(info.value) == not_emulated_text("npu_transpose_quant_batchmatmul")
     with pytest.raises(NotImplementedError) as info:
-        torch.ops.npu.npu_rotated_overlaps.default(boxes, boxes)
-    assert str(info.value) == not_emulated_text("npu_rotated_overlaps")
+        torch.ops.npu.npu_transpose_quant_batchmatmul.default(x, x, 1)
+    assert str(info.value) == not_emulated_text("npu_transpose_quant_batchmatmul")
 
 
 def test_kernels_per_state():

@@ -1,0 +1,355 @@
+"""Round-5 vision / quant ops against references written here: rotated-box overlap by edge
+crossings + contained corners + angular sort + shoelace (float64 loops) and torch_npu's own
+hardware golden for npu_rotated_iou; the GridAssigner positive steps as plain loops;
+quantised matmul + GELU and quantised conv2d from the documented formulas in float64 loops;
+byte-mask dropout from its distribution."""
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import torch_npu
+
+DEVICES = ["cpu", "npu"]
+
+
+# ---------------------------------------------------------------- rotated boxes
+
+
+def corners(box, trans):
+    if trans:
+        x1, y1, x2, y2, a = box
+        cx, cy, w, h = (x1 + x2) / 2, (y1 + y2) / 2, x2 - x1, y2 - y1
+    else:
+        cx, cy, w, h, a = box
+    t = a * math.pi / 180
+    out = []
+    for sx, sy in ((-1, -1), (1, -1), (1, 1), (-1, 1)):
+        dx, dy = sx * w / 2, sy * h / 2
+        out.append((cx + dx * math.cos(t) - dy * math.sin(t), cy + dx * math.sin(t) + dy * math.cos(t)))
+    return out, w * h
+
+
+def inside(p, poly):
+    # convex CCW polygon: p on the left of (or on) every edge
+    for i in range(4):
+        a, b = poly[i], poly[(i + 1) % 4]
+        if (b[0] - a[0]) * (p[1] - a[1]) - (b[1] - a[1]) * (p[0] - a[0]) < -1e-12:
+            return False
+    return True
+
+
+def seg_cross(p1, p2, q1, q2):
+    d = (p2[0] - p1[0]) * (q2[1] - q1[1]) - (p2[1] - p1[1]) * (q2[0] - q1[0])
+    if abs(d) < 1e-15:
+        return None
+    t = ((q1[0] - p1[0]) * (q2[1] - q1[1]) - (q1[1] - p1[1]) * (q2[0] - q1[0])) / d
+    u = ((q1[0] - p1[0]) * (p2[1] - p1[1]) - (q1[1] - p1[1]) * (p2[0] - p1[0])) / d
+    if 0 <= t <= 1 and 0 <= u <= 1:
+        return (p1[0] + t * (p2[0] - p1[0]), p1[1] + t * (p2[1] - p1[1]))
+    return None
+
+
+def ref_overlap(a, b, trans):
+    pa, area_a = corners(a, trans)
+    pb, area_b = corners(b, trans)
+    pts = [p for p in pa if inside(p, pb)] + [p for p in pb if inside(p, pa)]
+    for i in range(4):
+        for j in range(4):
+            c = seg_cross(pa[i], pa[(i + 1) % 4], pb[j], pb[(j + 1) % 4])
+            if c is not None:
+                pts.append(c)
+    if len(pts) < 3:
+        return 0.0, area_a, area_b
+    cx = sum(p[0] for p in pts) / len(pts)
+    cy = sum(p[1] for p in pts) / len(pts)
+    pts.sort(key=lambda p: math.atan2(p[1] - cy, p[0] - cx))
+    s = sum(pts[i - 1][0] * pts[i][1] - pts[i][0] * pts[i - 1][1] for i in range(len(pts)))
+    return abs(s) / 2, area_a, area_b
+
+
+def rand_rotated(b, n, seed, trans=False):
+    g = torch.Generator().manual_seed(seed)
+    xy = torch.rand(b, n, 2, generator=g, dtype=torch.float64) * 8
+    wh = torch.rand(b, n, 2, generator=g, dtype=torch.float64) * 4 + 1
+    ang = torch.rand(b, n, 1, generator=g, dtype=torch.float64) * 360 - 180
+    if trans:
+        return torch.cat([xy - wh / 2, xy + wh / 2, ang], -1)
+    return torch.cat([xy, wh, ang], -1)
+
+
+def test_rotated_iou_matches_torch_npu_hardware_golden():
+    # torch_npu's test_rotated_iou: numpy seed 1234, boxes (4, 2, 5) / (4, 3, 5), angles in degrees.
+    np.random.seed(1234)
+    def gen(shape):
+        xy = np.random.uniform(20, 60, shape[:2] + [2]).astype(np.float32)
+        wh = np.random.randint(1, 20, size=shape[:2] + [2])
+        ang = np.random.randint(-180, 180, size=shape[:2] + [1])
+        return np.concatenate([xy, wh, ang], dtype=np.float32, axis=-1)
+    boxes, query = gen([4, 2, 5]), gen([4, 3, 5])
+    golden = torch.tensor([[[0., 0.00045966, 0.], [0., 0., 0.]],
+                           [[0., 0., 0.], [0., 0., 0.]],
+                           [[0., 0., 0.], [0.00600622, 0.10504241, 0.]],
+                           [[0., 0., 0.], [0., 0., 0.]]])
+    for device in DEVICES:
+        out = torch_npu.npu_rotated_iou(torch.from_numpy(boxes).to(device), torch.from_numpy(query).to(device),
+                                        False, 0, True, 0.0, 0.0)
+        assert out.device.type == device and out.shape == (4, 2, 3) and out.dtype == torch.float32
+        torch.testing.assert_close(out.cpu(), golden, rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("trans", [False, True])
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float16, 2e-3)])
+def test_rotated_iou_and_overlaps_vs_polygon_reference(device, trans, dtype, tol):
+    a = rand_rotated(2, 5, 1, trans)
+    q = rand_rotated(2, 4, 2, trans)
+    a[0, 0] = q[0, 0]                                      # identical pair: IoU 1
+    a[1, 1] = torch.tensor([100., 100., 101., 101., 0.] if trans else [100., 100., 1., 1., 0.],
+                           dtype=torch.float64)            # far away: 0
+    a_l, q_l = a.to(dtype).double(), q.to(dtype).double()
+    exp_iou = torch.zeros(2, 5, 4, dtype=torch.float64)
+    exp_ov = torch.zeros(2, 5, 4, dtype=torch.float64)
+    for b in range(2):
+        for i in range(5):
+            for j in range(4):
+                inter, sa, sq = ref_overlap(a_l[b, i].tolist(), q_l[b, j].tolist(), trans)
+                exp_ov[b, i, j] = inter
+                exp_iou[b, i, j] = inter / (sa + sq - inter)
+    assert exp_iou[0, 0, 0] == pytest.approx(1.0) and exp_iou[1, 1].abs().max() == 0
+    assert (exp_iou > 1e-3).sum() >= 4                     # some genuine partial overlaps
+    iou = torch_npu.npu_rotated_iou(a.to(dtype).to(device), q.to(dtype).to(device), trans=trans)
+    ov = torch_npu.npu_rotated_overlaps(a.to(dtype).to(device), q.to(dtype).to(device), trans=trans)
+    assert iou.dtype == dtype and ov.dtype == dtype and iou.device.type == device
+    torch.testing.assert_close(iou.cpu().double(), exp_iou, rtol=tol, atol=tol)
+    torch.testing.assert_close(ov.cpu().double(), exp_ov, rtol=tol, atol=tol * 20)
+
+
+def test_rotated_fake_shapes_and_unsupported_modes():
+    with FakeTensorMode():
+        a, q = torch.empty(3, 7, 5), torch.empty(3, 2, 5)
+        assert torch_npu.npu_rotated_iou(a, q).shape == (3, 7, 2)
+        assert torch_npu.npu_rotated_overlaps(a, q, True).shape == (3, 7, 2)
+    a = torch.ones(1, 2, 5)
+    with pytest.raises(NotImplementedError, match="mode=1"):
+        torch_npu.npu_rotated_iou(a, a, mode=1)
+    with pytest.raises(NotImplementedError, match="is_cross=False"):
+        torch_npu.npu_rotated_iou(a, a, is_cross=False)
+    with pytest.raises(RuntimeError, match="last dimension must be 5"):
+        torch_npu.npu_rotated_overlaps(torch.ones(1, 2, 4), torch.ones(1, 2, 4))
+
+
+# ---------------------------------------------------------------- grid assign
+
+
+def ref_grid_assign(init, overlaps, flags, max_ov, argmax_ov, gt_max, gt_argmax, num_gts, pos_thr, min_pos, all_):
+    out = init.tolist()
+    n, k = len(out), len(gt_max)
+    for j in range(n):
+        if max_ov[j] > pos_thr and flags[j]:
+            out[j] = argmax_ov[j] + 1
+    for i in range(min(num_gts, k)):
+        if gt_max[i] > min_pos:
+            if all_:
+                for j in range(n):
+                    if overlaps[i][j] == gt_max[i] and flags[j]:
+                        out[j] = i + 1
+            elif flags[gt_argmax[i]]:
+                out[gt_argmax[i]] = i + 1
+    return out
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("assign_all", [True, False])
+def test_grid_assign_positive(device, dtype, assign_all):
+    g = torch.Generator().manual_seed(5)
+    k, n = 3, 10
+    overlaps = torch.rand(k, n, generator=g).to(dtype)
+    overlaps[1, 4] = overlaps[1, 7] = overlaps[1].max() + 0.05   # tie for gt 1
+    max_ov, argmax_ov = overlaps.max(0)
+    gt_max, gt_argmax = overlaps.max(1)
+    gt_max[2] = 0.0                                              # below min_pos_iou: skipped
+    flags = (torch.rand(n, generator=g) > 0.3).to(torch.uint8)
+    flags[4] = flags[7] = 1
+    init = -torch.ones(n, dtype=dtype)
+    args = (init, overlaps, flags, max_ov, argmax_ov.int(), gt_max, gt_argmax.int())
+    for num_gts in (k, 1, 128):
+        expected = ref_grid_assign(init, overlaps.tolist(), flags.tolist(), max_ov.tolist(), argmax_ov.tolist(),
+                                   gt_max.tolist(), gt_argmax.tolist(), num_gts, 0.5, 0.1, assign_all)
+        out = torch_npu.npu_grid_assign_positive(*(t.to(device) for t in args), num_gts, 0.5, 0.1, assign_all)
+        assert out.dtype == dtype and out.device.type == device
+        assert out.cpu().tolist() == expected
+    assert init.tolist() == [-1.0] * n                           # input not mutated
+
+
+def test_grid_assign_positive_hardware_golden_rule():
+    # torch_npu's golden: min_pos_iou=0 with random gt maxima (no ties) -> only the first step.
+    g = torch.Generator().manual_seed(0)
+    inp = torch.rand(4, generator=g)
+    max_ov = torch.rand(4, generator=g)
+    out = torch_npu.npu_grid_assign_positive(
+        inp.npu(), torch.rand(2, 4, generator=g).npu(), torch.tensor([1, 1, 1, 0], dtype=torch.uint8).npu(),
+        max_ov.npu(), torch.tensor([1, 0, 1, 0], dtype=torch.int32).npu(), torch.rand(2, generator=g).npu(),
+        torch.tensor([1, 0], dtype=torch.int32).npu(), 128, .5, .0, True)
+    pos = (max_ov > 0.5) & torch.tensor([True, True, True, False])
+    expected = torch.where(pos, torch.tensor([2., 1., 2., 1.]), inp)
+    assert out.cpu().tolist() == expected.tolist()
+    with FakeTensorMode():
+        f = torch.empty(6)
+        assert torch_npu.npu_grid_assign_positive(
+            f, torch.empty(2, 6), torch.empty(6, dtype=torch.uint8), f, torch.empty(6, dtype=torch.int32),
+            torch.empty(2), torch.empty(2, dtype=torch.int32), 2, .5, .0, True).shape == (6,)
+
+
+# ---------------------------------------------------------------- quant matmul + gelu
+
+
+def gelu_ref(v, approximate):
+    if approximate == "gelu_tanh":
+        return 0.5 * v * (1 + math.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * v ** 3)))
+    return 0.5 * v * (1 + math.erf(v / math.sqrt(2)))
+
+
+def ref_quant_matmul_gelu(x1, x2, s1, s2, bias, approximate):
+    m, k = x1.shape
+    n = x2.shape[1]
+    out = torch.zeros(m, n, dtype=torch.float64)
+    for i in range(m):
+        for j in range(n):
+            acc = sum(int(x1[i, t]) * int(x2[t, j]) for t in range(k))
+            sc = float(s2[j if s2.numel() > 1 else 0]) * float(s1[i])
+            if bias is not None and bias.dtype == torch.int32:
+                v = (acc + int(bias[j])) * sc
+            else:
+                v = acc * sc + (float(bias[j]) if bias is not None else 0.0)
+            out[i, j] = gelu_ref(v, approximate)
+    return out
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("approximate", ["gelu_erf", "gelu_tanh"])
+@pytest.mark.parametrize("bias_dtype,s2_dtype,out_dtype", [
+    (None, torch.float32, torch.float16), (torch.int32, torch.float32, torch.float16),
+    (torch.float32, torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float32, torch.bfloat16),
+    (torch.float16, torch.float32, torch.float16)])
+def test_quant_matmul_gelu(device, approximate, bias_dtype, s2_dtype, out_dtype):
+    g = torch.Generator().manual_seed(3)
+    m, k, n = 5, 16, 6
+    x1 = torch.randint(-8, 8, (m, k), generator=g, dtype=torch.int8)
+    x2 = torch.randint(-8, 8, (k, n), generator=g, dtype=torch.int8)
+    s1 = torch.rand(m, generator=g) * 0.02 + 0.005
+    s2 = (torch.rand(n, generator=g) * 0.05 + 0.01).to(s2_dtype)
+    bias = None
+    if bias_dtype == torch.int32:
+        bias = torch.randint(-50, 50, (n,), generator=g, dtype=torch.int32)
+    elif bias_dtype is not None:
+        bias = (torch.randn(n, generator=g) * 0.3).to(bias_dtype)
+    expected = ref_quant_matmul_gelu(x1, x2, s1, s2, bias, approximate)
+    kw = {} if approximate == "gelu_erf" else {"approximate": approximate}
+    out = torch_npu.npu_quant_matmul_gelu(x1.to(device), x2.to(device), s1.to(device), s2.to(device),
+                                          bias=None if bias is None else bias.to(device), **kw)
+    assert out.dtype == out_dtype and out.device.type == device and out.shape == (m, n)
+    tol = 1e-2 if out_dtype == torch.bfloat16 else 2e-3
+    torch.testing.assert_close(out.cpu().double(), expected, rtol=tol, atol=tol)
+
+
+def test_quant_matmul_gelu_batch_pertensor_and_fake():
+    g = torch.Generator().manual_seed(4)
+    x1 = torch.randint(-4, 4, (2, 3, 8), generator=g, dtype=torch.int8)
+    x2 = torch.randint(-4, 4, (8, 5), generator=g, dtype=torch.int8)
+    s1, s2 = torch.rand(3, generator=g) * 0.1, torch.tensor([0.05])
+    out = torch_npu.npu_quant_matmul_gelu(x1.npu(), x2.npu(), s1.npu(), s2.npu())
+    assert out.shape == (2, 3, 5)
+    for b in range(2):
+        torch.testing.assert_close(out[b].cpu().double(), ref_quant_matmul_gelu(x1[b], x2, s1, s2, None, "gelu_erf"),
+                                   rtol=2e-3, atol=2e-3)
+    with FakeTensorMode():
+        f = torch_npu.npu_quant_matmul_gelu(torch.empty(4, 7, 16, dtype=torch.int8), torch.empty(16, 9, dtype=torch.int8),
+                                            torch.empty(7), torch.empty(9, dtype=torch.bfloat16))
+        assert f.shape == (4, 7, 9) and f.dtype == torch.bfloat16
+    with pytest.raises(NotImplementedError, match="only int8"):
+        torch_npu.npu_quant_matmul_gelu(torch.zeros(2, 1, dtype=torch.int32), torch.zeros(8, 1, dtype=torch.int32),
+                                        torch.ones(2), torch.ones(8))
+
+
+# ---------------------------------------------------------------- quant conv2d
+
+
+def ref_quant_conv2d(x, w, scale, bias, stride, pad, dil, pad_value):
+    b, c, h, wd = x.shape
+    co, _, kh, kw = w.shape
+    oh = (h + 2 * pad[0] - dil[0] * (kh - 1) - 1) // stride[0] + 1
+    ow = (wd + 2 * pad[1] - dil[1] * (kw - 1) - 1) // stride[1] + 1
+    out = torch.zeros(b, co, oh, ow, dtype=torch.float64)
+
+    def px(bi, ci, i, j):
+        i, j = i - pad[0], j - pad[1]
+        return int(x[bi, ci, i, j]) if 0 <= i < h and 0 <= j < wd else pad_value
+    for bi in range(b):
+        for o in range(co):
+            for i in range(oh):
+                for j in range(ow):
+                    acc = sum(px(bi, ci, i * stride[0] + u * dil[0], j * stride[1] + v * dil[1]) * int(w[o, ci, u, v])
+                              for ci in range(c) for u in range(kh) for v in range(kw))
+                    if bias is not None:
+                        acc += int(bias[o])
+                    out[bi, o, i, j] = acc * float(scale[o])
+    return out
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("with_bias,pad_value,stride,pad,dil", [
+    (False, 0, (1, 1), (0, 0), (1, 1)), (True, 0, (2, 1), (1, 2), (1, 1)), (True, 3, (1, 1), (1, 1), (2, 1))])
+def test_quant_conv2d(device, with_bias, pad_value, stride, pad, dil):
+    g = torch.Generator().manual_seed(9)
+    x = torch.randint(-4, 4, (2, 3, 6, 7), generator=g, dtype=torch.int8)
+    w = torch.randint(-4, 4, (4, 3, 3, 2), generator=g, dtype=torch.int8)
+    scale = torch.rand(4, generator=g) + 0.5
+    bias = torch.randint(-20, 20, (4,), generator=g, dtype=torch.int32) if with_bias else None
+    expected = ref_quant_conv2d(x, w, scale, bias, stride, pad, dil, pad_value)
+    out = torch.ops.npu.npu_quant_conv2d(x.to(device), w.to(device), scale.to(device), list(stride), list(pad),
+                                         list(dil), 1, pad_value, "rint", torch.float16,
+                                         None if bias is None else bias.to(device))
+    assert out.dtype == torch.float16 and out.device.type == device
+    torch.testing.assert_close(out.cpu().double(), expected, rtol=1e-3, atol=1e-3)
+
+
+def test_quant_conv2d_packed_scale_and_contrib_module():
+    from torch_npu.contrib.module import QuantConv2d
+    g = torch.Generator().manual_seed(10)
+    x = torch.randint(-3, 3, (1, 2, 5, 5), generator=g, dtype=torch.int8)
+    w = torch.randint(-3, 3, (3, 2, 3, 3), generator=g, dtype=torch.int8)
+    scale = torch.rand(3, generator=g) + 1
+    scale_fp19 = (scale.view(torch.int32) & -8192).view(torch.float32)   # the fp19 bits kept by the packing
+    bias = torch.randint(-5, 5, (3,), generator=g, dtype=torch.int32)
+    mod = QuantConv2d(2, 3, 3, output_dtype=torch.float16, padding=1).npu()
+    mod.weight.data = w.npu()
+    mod.scale.data = scale.npu()                                 # float32: forward packs it (npu_trans_quant_param)
+    mod.bias.data = bias.npu()
+    out = mod(x.npu())
+    expected = ref_quant_conv2d(x, w, scale_fp19, bias, (1, 1), (1, 1), (1, 1), 0)
+    torch.testing.assert_close(out.cpu().double(), expected, rtol=1e-3, atol=1e-3)
+    with pytest.raises(NotImplementedError, match="input_dtype"):
+        torch.ops.npu.npu_quant_conv2d(x, w, scale, output_dtype=torch.float16, input_dtype=1)
+
+
+# ---------------------------------------------------------------- dropout with byte mask
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_dropout_with_byte_mask(device, dtype):
+    x = (torch.rand(4000) + 0.5).to(dtype).to(device).requires_grad_()
+    y = torch.ops.npu.dropout_with_byte_mask(x, 0.25, True)
+    kept = y != 0
+    assert y.dtype == dtype and y.device.type == device
+    tol = {torch.float32: 1e-6, torch.float16: 2e-3, torch.bfloat16: 1e-2}[dtype]   # scale rounding
+    torch.testing.assert_close(y[kept].float(), x[kept].float() / 0.75, rtol=tol, atol=0)
+    assert abs(kept.float().mean().item() - 0.75) < 0.04           # 4000 draws: sd ~ 0.007
+    y.sum().backward()
+    torch.testing.assert_close(x.grad.float(), kept.float() / 0.75, rtol=tol, atol=0)
+    assert torch.equal(torch.ops.npu.dropout_with_byte_mask(x, 0.25, False), x)
+    assert torch.equal(torch.ops.npu.dropout_with_byte_mask(x, 0.0, True), x)

@@ -1,0 +1,124 @@
+"""Rotated-box overlaps: npu_rotated_overlaps (intersection area), npu_rotated_iou.
+
+Layout, from the op-plugin adapter: ``self`` (B, N, 5) and ``query_boxes`` (B, K, 5) (the
+adapter permutes them to the kernel's (B, 5, N)); output (B, N, K), ``out[b, n, k]`` for box
+``self[b, n]`` against ``query_boxes[b, k]``. A box is ``x, y, w, h, angle`` (``trans=False``,
+"xywht": centre, size) or ``x1, y1, x2, y2, angle`` (``trans=True``, "xyxyt": the corners of the
+unrotated box); ``angle`` in degrees, counter-clockwise (established against the golden of
+torch_npu's own test, seed 1234). The boxes are rotated about their centres and intersected
+as convex polygons (Sutherland-Hodgman clipping) in float64 on the host; the result has the
+input dtype. Values are read on the host, so under Meta/FakeTensor only the shape comes back.
+No backward (the real ops have none).
+"""
+import math
+
+import torch
+
+from torch_npu.op_plugin._common import check
+from torch_npu.op_plugin._registry import impl
+from torch_npu.op_plugin.comm_matmul import _symbolic
+
+__all__ = []
+
+
+def _unsupported(op, what):
+    raise NotImplementedError("%s: %s is not supported by the CPU-emulated NPU" % (op, what))
+
+
+def _corners(box, trans):
+    """The four corners, counter-clockwise, of one box given as a list of 5 floats."""
+    if trans:
+        x1, y1, x2, y2, angle = box
+        cx, cy, w, h = (x1 + x2) / 2, (y1 + y2) / 2, x2 - x1, y2 - y1
+    else:
+        cx, cy, w, h, angle = box
+    c, s = math.cos(math.radians(angle)), math.sin(math.radians(angle))
+    pts = []
+    for dx, dy in ((-w / 2, -h / 2), (w / 2, -h / 2), (w / 2, h / 2), (-w / 2, h / 2)):
+        pts.append((cx + dx * c - dy * s, cy + dx * s + dy * c))
+    return pts, abs(w * h)
+
+
+def _clip(subject, a, b):
+    """The part of polygon ``subject`` left of (or on) the directed line a -> b."""
+    def side(p):
+        return (b[0] - a[0]) * (p[1] - a[1]) - (b[1] - a[1]) * (p[0] - a[0])
+    out = []
+    for i, cur in enumerate(subject):
+        prev = subject[i - 1]
+        sc, sp = side(cur), side(prev)
+        if sc >= 0:
+            if sp < 0:
+                out.append(_cut(prev, cur, sp, sc))
+            out.append(cur)
+        elif sp >= 0:
+            out.append(_cut(prev, cur, sp, sc))
+    return out
+
+
+def _cut(p, q, sp, sq):
+    t = sp / (sp - sq)
+    return (p[0] + t * (q[0] - p[0]), p[1] + t * (q[1] - p[1]))
+
+
+def _area(poly):
+    return abs(sum(poly[i - 1][0] * poly[i][1] - poly[i][0] * poly[i - 1][1] for i in range(len(poly)))) / 2
+
+
+def intersection_area(box_a, box_b, trans):
+    """Area of the intersection of two rotated boxes, and the two box areas."""
+    pa, area_a = _corners(box_a, trans)
+    pb, area_b = _corners(box_b, trans)
+    poly = pa
+    for i in range(4):
+        if not poly:
+            break
+        poly = _clip(poly, pb[i], pb[(i + 1) % 4])
+    inter = _area(poly) if len(poly) >= 3 else 0.0
+    return inter, area_a, area_b
+
+
+def _pairwise(op, boxes, query_boxes, trans, value):
+    check(boxes.dim() == 3 and query_boxes.dim() == 3, op,
+          "boxes and query_boxes must be 3-D (B, N, 5) / (B, K, 5), got %s and %s"
+          % (tuple(boxes.shape), tuple(query_boxes.shape)))
+    check(boxes.size(2) == 5 and query_boxes.size(2) == 5, op, "the last dimension must be 5 (box + angle)")
+    check(boxes.size(0) == query_boxes.size(0), op, "batch sizes differ: %d and %d"
+          % (boxes.size(0), query_boxes.size(0)))
+    b, n, k = boxes.size(0), boxes.size(1), query_boxes.size(1)
+    out = torch.zeros(b, n, k, dtype=torch.float64)
+    if not _symbolic(boxes):
+        a_host = boxes.detach().cpu().double().tolist()
+        q_host = query_boxes.detach().cpu().double().tolist()
+        for bi in range(b):
+            for ni in range(n):
+                for ki in range(k):
+                    out[bi, ni, ki] = value(*intersection_area(a_host[bi][ni], q_host[bi][ki], trans))
+    return out.to(dtype=boxes.dtype, device=boxes.device)
+
+
+@impl("npu_rotated_overlaps")
+def npu_rotated_overlaps(self, query_boxes, trans=False):
+    """Intersection area of every (box, query box) pair of each batch: (B, N, K)."""
+    return _pairwise("npu_rotated_overlaps", self, query_boxes, trans, lambda inter, a, q: inter)
+
+
+@impl("npu_rotated_iou")
+def npu_rotated_iou(self, query_boxes, trans=False, mode=0, is_cross=True, v_threshold=0.0, e_threshold=0.0):
+    """IoU ``inter / (area_a + area_q - inter)`` of every (box, query box) pair: (B, N, K).
+
+    ``v_threshold`` / ``e_threshold`` only relax the kernel's point-in-box and edge-crossing
+    tests at the boundaries ("condition relaxation for intersection calculation"); exact
+    clipping needs none, so they do not change the result here. ``mode=1`` (IoF: which
+    area is the denominator is not documented for rotated boxes) and ``is_cross=False``
+    (the one-to-one output layout is not documented) raise NotImplementedError."""
+    op = "npu_rotated_iou"
+    if mode != 0:
+        _unsupported(op, "mode=%r (only mode=0 'iou')" % (mode,))
+    if not is_cross:
+        _unsupported(op, "is_cross=False")
+
+    def iou(inter, a, q):
+        union = a + q - inter
+        return inter / union if union > 0 else 0.0
+    return _pairwise(op, self, query_boxes, trans, iou)
