@@ -5,7 +5,8 @@
 - ``torch.distributed`` gains ``is_hccl_available``, ``reinit_process_group``
   and ``ProcessGroupHCCL``.
 - DDP's ``bf16_compress_hook`` casts on the bucket's device (upstream's
-  hard-codes CUDA).
+  hard-codes CUDA), and DDP accepts the bf16 hooks on npu models (upstream
+  refuses them by name without CUDA+NCCL).
 - ``monitored_barrier`` works on an hccl group (upstream insists on a group
   named "gloo"): it runs on the group's Gloo engine.
 """
@@ -61,6 +62,30 @@ def _patch_ddp_hooks():
     default_hooks.bf16_compress_hook = bf16_compress_hook
 
 
+_BF16_HOOK_NAMES = ("bf16_compress_hook", "bf16_compress_wrapper_hook")
+
+
+def _patch_ddp_hook_check():
+    """DDP.register_comm_hook refuses the bf16 hooks by name unless CUDA+NCCL or
+    XPU+XCCL are present; on an npu model they are fine (HCCL reduces bf16)."""
+    from torch.nn.parallel import DistributedDataParallel
+    original = DistributedDataParallel._check_comm_hook
+
+    @functools.wraps(original)
+    def _check_comm_hook(self, hook):
+        name = getattr(hook, "__name__", "")
+        if name in _BF16_HOOK_NAMES and getattr(self, "device_type", None) == "npu":
+            # run the remaining checks (signature, annotations) on a renamed proxy
+            @functools.wraps(hook)
+            def proxy(*args, **kwargs):
+                return hook(*args, **kwargs)
+            proxy.__name__ = "npu_" + name
+            return original(self, proxy)
+        return original(self, hook)
+
+    DistributedDataParallel._check_comm_hook = _check_comm_hook
+
+
 def _patch_monitored_barrier():
     original = c10d.monitored_barrier
 
@@ -88,6 +113,7 @@ def apply():
     _applied = True
     _patch_init_process_group()
     _patch_ddp_hooks()
+    _patch_ddp_hook_check()
     _patch_monitored_barrier()
     dist.is_hccl_available = is_hccl_available
     dist.reinit_process_group = reinit_process_group
