@@ -353,3 +353,96 @@ def test_dropout_with_byte_mask(device, dtype):
     torch.testing.assert_close(x.grad.float(), kept.float() / 0.75, rtol=tol, atol=0)
     assert torch.equal(torch.ops.npu.dropout_with_byte_mask(x, 0.25, False), x)
     assert torch.equal(torch.ops.npu.dropout_with_byte_mask(x, 0.0, True), x)
+
+
+# ---------------------------------------------------------------- position-sensitive RoI pooling
+
+
+def ps_bins(roi, scale, g, h, w):
+    """Bin limits of one RoI with float32 arithmetic (torch_npu's golden computes in float32)."""
+    f = np.float32
+    sw, sh = f(np.round(f(roi[1]))) * f(scale), f(np.round(f(roi[2]))) * f(scale)
+    ew, eh = f(np.round(f(roi[3]) + f(1))) * f(scale), f(np.round(f(roi[4]) + f(1))) * f(scale)
+    bh, bw = max(eh - sh, f(0.1)) / f(g), max(ew - sw, f(0.1)) / f(g)
+    out = {}
+    for ph in range(g):
+        for pw in range(g):
+            hs = min(max(int(f(ph) * bh + sh), 0), h)
+            he = min(max(int(math.ceil(f(ph + 1) * bh + sh)), 0), h)
+            ws = min(max(int(math.floor(f(pw) * bw + sw)), 0), w)
+            we = min(max(int(math.ceil(f(pw + 1) * bw + sw)), 0), w)
+            out[ph, pw] = (hs, he, ws, we)
+    return out
+
+
+def ref_ps_roi_pooling(x, rois, scale, g, dim):
+    n, c, h, w = x.shape
+    flat = rois.transpose(1, 2).reshape(-1, 5).tolist()
+    out = torch.zeros(len(flat), dim, g, g, dtype=torch.float64)
+    xs = x.double()
+    for r, roi in enumerate(flat):
+        bins = ps_bins(roi, scale, g, h, w)
+        for ct in range(dim):
+            for (ph, pw), (hs, he, ws, we) in bins.items():
+                if he > hs and we > ws:
+                    out[r, ct, ph, pw] = xs[int(roi[0]), (ct * g + ph) * g + pw, hs:he, ws:we].mean()
+    return out
+
+
+def ref_ps_roi_pooling_grad(grad, rois, scale, g, dim, shape):
+    n, c, h, w = shape
+    gx = torch.zeros(shape, dtype=torch.float64)
+    for r, roi in enumerate(rois.transpose(1, 2).reshape(-1, 5).tolist()):
+        for ct in range(dim):
+            for (ph, pw), (hs, he, ws, we) in ps_bins(roi, scale, g, h, w).items():
+                if he > hs and we > ws:
+                    gx[int(roi[0]), (ct * g + ph) * g + pw, hs:he, ws:we] += float(grad[r, ct, ph, pw]) / ((he - hs) * (we - ws))
+    return gx
+
+
+def ps_rois():
+    # (B=2, 5, R=3): batch index, x1, y1, x2, y2 (fractional, one out of the image, one tiny)
+    return torch.tensor([[[0, 1, 1], [3.4, 0.2, 30.], [2.6, 5.5, 31.], [17.2, 9.0, 40.], [21.7, 14.4, 50.]],
+                         [[1, 0, 1], [1.0, 8.0, 0.0], [4.0, 8.2, 0.0], [9.0, 8.3, 27.9], [9.0, 8.1, 27.9]]])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float16, 2e-3), (torch.bfloat16, 1e-2)])
+def test_ps_roi_pooling_vs_reference(device, dtype, tol):
+    g, dim, scale = 3, 2, 0.25
+    x = (torch.rand(2, dim * g * g, 9, 11, generator=torch.Generator().manual_seed(6)) + 0.1).to(dtype)
+    rois = ps_rois()
+    expected = ref_ps_roi_pooling(x, rois, scale, g, dim)
+    assert (expected == 0).any() and (expected != 0).sum() > 40     # empty bins and real ones
+    out = torch_npu.npu_ps_roi_pooling(x.to(device), rois.to(dtype).to(device), scale, g, dim)
+    assert out.shape == (6, dim, g, g) and out.dtype == dtype and out.device.type == device
+    torch.testing.assert_close(out.cpu().double(), expected, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_ps_roi_pooling_backward_and_gradcheck(device):
+    g, dim, scale = 3, 2, 0.25
+    x = torch.rand(2, dim * g * g, 9, 11, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    rois = ps_rois().double()
+    grad = torch.randn(6, dim, g, g, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
+    expected = ref_ps_roi_pooling_grad(grad, rois, scale, g, dim, x.shape)
+    gx = torch.ops.npu.npu_ps_roi_pooling_backward(grad.to(device), rois.to(device), scale, g, dim, list(x.shape))
+    torch.testing.assert_close(gx.cpu(), expected)
+    xr = x.to(device).requires_grad_()
+    torch_npu.npu_ps_roi_pooling(xr, rois.to(device), scale, g, dim).backward(grad.to(device))
+    torch.testing.assert_close(xr.grad.cpu(), expected)
+    small = torch.rand(1, 8, 4, 5, dtype=torch.float64, requires_grad=True)
+    r = torch.tensor([[[0.], [0.6], [1.2], [13.], [10.]]], dtype=torch.float64)
+    assert torch.autograd.gradcheck(lambda t: torch_npu.npu_ps_roi_pooling(t, r, 0.25, 2, 2), (small,))
+
+
+def test_ps_roi_pooling_fake_and_contrib_module():
+    with FakeTensorMode():
+        out = torch_npu.npu_ps_roi_pooling(torch.empty(2, 4 * 49, 8, 8), torch.empty(2, 5, 3), 0.0625, 7, 4)
+        assert out.shape == (6, 4, 7, 7)
+    x = torch.rand(2, 2 * 9, 9, 11, generator=torch.Generator().manual_seed(6))
+    from torch_npu import contrib
+    out = contrib.PSROIPool(3, 3, 0.25, 3, 2)(x.npu(), ps_rois().npu())
+    torch.testing.assert_close(out.cpu().double(), ref_ps_roi_pooling(x, ps_rois(), 0.25, 3, 2), rtol=1e-5, atol=1e-5)
+    with pytest.raises(RuntimeError, match="output_dim \\* group_size"):
+        torch_npu.npu_ps_roi_pooling(x, ps_rois(), 0.25, 3, 3)
