@@ -89,7 +89,7 @@ import torch_npu.optim  # noqa: E402,F401
 import torch_npu.distributed  # noqa: E402,F401  (registers the hccl backend)
 import torch_npu.profiler  # noqa: E402,F401
 import torch_npu.dynamo  # noqa: E402
-from torch_npu.utils.hif8_tensor import HiFloat8Tensor  # noqa: E402,F401  (replaces the op library's placeholder)
+from torch_npu.utils.hif8_tensor import HiFloat8Tensor  # noqa: E402,F401
 import torch_npu.multiprocessing  # noqa: E402,F401  (npu tensor/event IPC reductions)
 
 # torchair / npugraph_ex modules, torch.compile's npu route; dynamo itself is

@@ -13,22 +13,9 @@ import torch
 from torch_npu.op_plugin import _registry
 from torch_npu.utils._error_code import ErrCode, pta_error
 
-__all__ = ["HiFloat8Tensor", "erase_stream", "matmul_checksum"]
+__all__ = ["erase_stream", "matmul_checksum"]
 
 EXTRA_PUBLIC = ("HiFloat8Tensor", "erase_stream", "matmul_checksum")
-
-
-class HiFloat8Tensor:
-    """Placeholder for torch_npu's HiFloat8 tensor type (``torch_npu.HiFloat8Tensor``).
-
-    HiFloat8 is an Ascend-specific 8-bit float format that PyTorch has no dtype
-    for; the emulator does not model it, so constructing one raises
-    ``NotImplementedError`` instead of producing values in a wrong format.
-    """
-
-    def __new__(cls, *args, **kwargs):
-        raise NotImplementedError(
-            "torch_npu.HiFloat8Tensor (the HiFloat8 tensor type) is not emulated yet on the CPU-emulated NPU.")
 
 
 def erase_stream(tensor, stream):
@@ -115,7 +102,8 @@ def export():
         setattr(torch_npu, base, packet)
         if not hasattr(torch, base):
             setattr(torch, base, _deprecated_torch_attr(base))
-    for extra in EXTRA_PUBLIC:
+    # HiFloat8Tensor comes from torch_npu.utils.hif8_tensor (set by torch_npu/__init__.py).
+    for extra in __all__:
         if not hasattr(torch_npu, extra):
             setattr(torch_npu, extra, globals()[extra])
     exported = torch_npu.__dict__.setdefault("__all__", [])
