@@ -69,6 +69,7 @@ def test_init_with_device_id(two):
 
 
 def test_all_reduce_every_op(two):
+    """Small tensors (fused with the collective check) and tensors above 1 KiB (Gloo)."""
     floats = {"SUM": lambda xs: sum(xs), "AVG": lambda xs: sum(xs) / W,
               "PRODUCT": lambda xs: functools.reduce(operator.mul, xs),
               "MIN": lambda xs: functools.reduce(torch.minimum, xs),
@@ -83,6 +84,12 @@ def test_all_reduce_every_op(two):
             same(res["int_" + op], functools.reduce(fn, [ints(r, (17,), salt=len(op)) for r in range(W)]), rank)
         int_sum = sum(ints(r, (17,), salt=3) for r in range(W))
         same(res["int_AVG"], torch.div(int_sum, W, rounding_mode="trunc").to(torch.int32), rank)
+        for i, (op, fn) in enumerate(floats.items()):
+            same(res["big_" + op], fn([value(r, (300,), salt=20 + i) for r in range(W)]), rank)
+        for op in ("BAND", "BOR", "BXOR"):
+            same(res["big_int_" + op],
+                 functools.reduce(bits[op], [ints(r, (400,), salt=30 + len(op)) for r in range(W)]), rank)
+        same(res["big_PREMUL_SUM"], 1.5 * total((300,), torch.float64, salt=40), rank, exact=False)
         same(res["bf16_SUM"], total((6,), torch.bfloat16), rank)
         same(res["fp16_AVG"], total((6,), torch.float16) / W, rank)
 

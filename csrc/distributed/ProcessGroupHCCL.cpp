@@ -287,8 +287,17 @@ void ProcessGroupHCCL::setTimeout(std::chrono::milliseconds timeout) {
   if (checker_) checker_->setTimeout(timeout);
 }
 
-void ProcessGroupHCCL::check_fingerprint(const Call& call) {
-  constexpr int K = 8;
+// Every fingerprint exchange moves one fixed-size packet per rank: K fields,
+// then kPayloadBytes that carry a small all_reduce's data (see
+// allreduce_small). Fixed, so that two ranks in different calls still send
+// equal sizes and Gloo never sees a mismatch on the checker group.
+namespace {
+constexpr int K = 8;
+constexpr int64_t kPayloadBytes = 1024;
+constexpr int64_t kPacketWords = K + kPayloadBytes / 8;
+}  // namespace
+
+at::Tensor ProcessGroupHCCL::check_fingerprint(const Call& call, const at::Tensor& payload) {
   const uint64_t seq = seq_.load();
   int64_t numel = 0, ndim = 0, hash = 1469598103934665603LL;
   int64_t dtype = -1;
@@ -299,12 +308,15 @@ void ProcessGroupHCCL::check_fingerprint(const Call& call) {
     for (auto s : t.sizes()) hash = (hash ^ s) * 1099511628211LL;
   }
   if (!call.shapes_must_match) numel = ndim = hash = -1;
-  at::Tensor mine = at::empty({K}, at::kLong);
+  at::Tensor mine = at::zeros({kPacketWords}, at::kLong);
   int64_t* m = mine.data_ptr<int64_t>();
+  if (payload.defined()) {
+    at::from_blob(m + K, payload.sizes(), payload.options().device(at::kCPU)).copy_(payload);
+  }
   const int64_t fields[K] = {static_cast<int64_t>(seq), static_cast<int64_t>(call.type), dtype, numel,
                              ndim, hash, call.root, call.reduce};
   std::copy(fields, fields + K, m);
-  at::Tensor all = at::empty({getSize() * K}, at::kLong);
+  at::Tensor all = at::empty({getSize() * kPacketWords}, at::kLong);
   try {
     checker_->_allgather_base(all, mine, c10d::AllgatherOptions())->wait();
   } catch (...) {
@@ -317,7 +329,7 @@ void ProcessGroupHCCL::check_fingerprint(const Call& call) {
   }
   const int64_t* a = all.data_ptr<int64_t>();
   auto describe = [&](int r) {
-    const int64_t* f = a + r * K;
+    const int64_t* f = a + r * kPacketWords;
     std::ostringstream os;
     os << "rank " << r << ": collective #" << f[0] << " " << op_name(static_cast<c10d::OpType>(f[1]));
     if (f[2] >= 0) os << " dtype=" << c10::toString(static_cast<c10::ScalarType>(f[2]));
@@ -327,7 +339,7 @@ void ProcessGroupHCCL::check_fingerprint(const Call& call) {
     return os.str();
   };
   for (int r = 0; r < getSize(); ++r) {
-    const int64_t* f = a + r * K;
+    const int64_t* f = a + r * kPacketWords;
     bool same = true;
     for (int i : {0, 1, 2, 6, 7}) same = same && f[i] == m[i];
     if (call.shapes_must_match && f[3] >= 0) same = same && f[3] == m[3] && f[4] == m[4] && f[5] == m[5];
@@ -340,6 +352,7 @@ void ProcessGroupHCCL::check_fingerprint(const Call& call) {
       C10_THROW_ERROR(DistBackendError, os.str());
     }
   }
+  return all;
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::launch(Call& call,
@@ -430,8 +443,72 @@ void divide_by(std::vector<at::Tensor>& cpu, int size) {
 }
 }  // namespace
 
+// A small all_reduce rides on its own fingerprint exchange: the packet that
+// the check sends anyway carries the data, every rank reduces the gathered
+// contributions locally (in rank order, so all ranks get the same bits), and
+// the call costs one round trip instead of two.
+bool ProcessGroupHCCL::fits_fingerprint(const std::vector<at::Tensor>& tensors, const c10d::ReduceOp& op) const {
+  if (!check_ || coalescing_ || tensors.size() != 1 || !tensors[0].defined()) return false;
+  const auto& t = tensors[0];
+  if (!t.device().is_privateuseone() || t.is_sparse() || t.is_complex() || t.scalar_type() == at::kBool) return false;
+  if (t.numel() * t.element_size() > kPayloadBytes) return false;
+  return op != c10d::ReduceOp::UNUSED;
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::allreduce_small(std::vector<at::Tensor>& tensors,
+                                                                 const c10d::AllreduceOptions& opts) {
+  Call call{c10d::OpType::ALLREDUCE, tensors, tensors};
+  const auto op = opts.reduceOp;
+  call.reduce = static_cast<int64_t>(static_cast<c10d::ReduceOp::RedOpType>(op));
+  at::Tensor cpu = call.alias(tensors[0]);
+  const bool timed = timeline::enabled();
+  const int64_t t0 = timed ? timeline::now_ns() : 0;
+  at::Tensor all = check_fingerprint(call, cpu.contiguous());
+  seq_++;
+  const int64_t n = cpu.numel();
+  std::vector<at::Tensor> parts;
+  for (int r = 0; r < getSize(); ++r) {
+    int64_t* base = all.data_ptr<int64_t>() + r * kPacketWords + K;
+    parts.push_back(at::from_blob(base, {n}, cpu.options()));
+  }
+  at::Tensor stacked = at::stack(parts);  // (world, n)
+  at::Tensor out;
+  const auto dtype = cpu.scalar_type();
+  if (op == c10d::ReduceOp::SUM || op == c10d::ReduceOp::AVG || op == c10d::ReduceOp::PREMUL_SUM) {
+    if (op == c10d::ReduceOp::PREMUL_SUM) stacked = stacked * premul_factor(op);
+    out = stacked.sum(0, false, dtype);
+    if (op == c10d::ReduceOp::AVG) {
+      std::vector<at::Tensor> v{out};
+      divide_by(v, getSize());
+    }
+  } else if (op == c10d::ReduceOp::PRODUCT) {
+    out = stacked.prod(0, false, dtype);
+  } else if (op == c10d::ReduceOp::MIN) {
+    out = stacked.amin(0);
+  } else if (op == c10d::ReduceOp::MAX) {
+    out = stacked.amax(0);
+  } else {
+    TORCH_CHECK(at::isIntegralType(dtype, false), "ProcessGroupHCCL: ", reduce_name(call.reduce),
+                " needs an integer tensor, got ", dtype);
+    out = parts[0].clone();
+    for (int r = 1; r < getSize(); ++r) {
+      if (op == c10d::ReduceOp::BAND) out.bitwise_and_(parts[r]);
+      else if (op == c10d::ReduceOp::BOR) out.bitwise_or_(parts[r]);
+      else out.bitwise_xor_(parts[r]);
+    }
+  }
+  cpu.copy_(out.view(cpu.sizes()));
+  if (timed) {
+    timeline::record({hcom_name(call.type), std::max<int>(0, tensors[0].device().index()), 0, t0, timeline::now_ns(),
+                      timeline::Kind::Communication, call.bytes(), 0});
+  }
+  return c10::make_intrusive<CoalescedWorkHCCL>(getRank(), std::vector<c10::intrusive_ptr<c10d::Work>>{}, tensors,
+                                                devices_of(tensors));
+}
+
 c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::allreduce(std::vector<at::Tensor>& tensors,
                                                            const c10d::AllreduceOptions& opts) {
+  if (fits_fingerprint(tensors, opts.reduceOp)) return allreduce_small(tensors, opts);
   Call call{c10d::OpType::ALLREDUCE, tensors, tensors};
   call.reduce = static_cast<int64_t>(static_cast<c10d::ReduceOp::RedOpType>(opts.reduceOp));
   auto cpu = call.alias(tensors);

@@ -106,7 +106,10 @@ class ProcessGroupHCCL : public c10d::Backend {
  private:
   struct Call;  // one collective: its name, npu tensors and post-processing
   c10::intrusive_ptr<c10d::Work> launch(Call& call, const std::function<c10::intrusive_ptr<c10d::Work>()>& start);
-  void check_fingerprint(const Call& call);
+  // Exchanges fingerprints (and an optional small payload); returns every rank's packet.
+  at::Tensor check_fingerprint(const Call& call, const at::Tensor& payload = at::Tensor());
+  bool fits_fingerprint(const std::vector<at::Tensor>& tensors, const c10d::ReduceOp& op) const;
+  c10::intrusive_ptr<c10d::Work> allreduce_small(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts);
 
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<Options> options_;

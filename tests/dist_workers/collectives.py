@@ -103,6 +103,18 @@ def all_reduce_ops():
         t = ints(RANK, (17,), salt=len(op)).to(NPU)
         dist.all_reduce(t, op=getattr(dist.ReduceOp, op))
         out["int_" + op] = rec(t)
+    # above 1 KiB: the Gloo path (smaller ones ride on the fingerprint exchange)
+    for i, op in enumerate(FLOAT_OPS):
+        t = v((300,), salt=20 + i)
+        dist.all_reduce(t, op=getattr(dist.ReduceOp, op))
+        out["big_" + op] = rec(t)
+    for op in INT_OPS:
+        t = ints(RANK, (400,), salt=30 + len(op)).to(NPU)
+        dist.all_reduce(t, op=getattr(dist.ReduceOp, op))
+        out["big_int_" + op] = rec(t)
+    t = v((300,), torch.float64, salt=40)
+    dist.all_reduce(t, op=dist._make_nccl_premul_sum(1.5))
+    out["big_PREMUL_SUM"] = rec(t)
     t = v((6,), torch.bfloat16)
     dist.all_reduce(t)
     out["bf16_SUM"] = rec(t)
