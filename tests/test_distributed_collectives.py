@@ -19,9 +19,12 @@ from launch import launch  # noqa: E402
 W = 2
 
 
-@pytest.fixture(scope="module")
-def two():
-    return launch("collectives.py", W, timeout=240)
+# With the collective check (default: small all_reduces fused with it) and
+# without it (every call straight on Gloo).
+@pytest.fixture(scope="module", params=["check", "no_check"])
+def two(request):
+    env = {"TORCH_NPU_EMU_COLLECTIVE_CHECK": "1" if request.param == "check" else "0"}
+    return launch("collectives.py", W, timeout=240, env=env)
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +66,8 @@ def test_init_without_backend_uses_hccl_for_npu_and_gloo_for_cpu(two):
 
 def test_init_with_device_id(two):
     for rank in range(W):
-        res = got(two, rank, "init_state")
+        res = dict(got(two, rank, "init_state"))
+        assert res.pop("check") is (res.pop("check_env") != "0")
         assert res == {"backend": "hccl", "type": "ProcessGroupHCCL", "bound": f"npu:{rank}",
                        "is_hccl_available": True, "torch_npu_is_hccl_available": True, "rank": rank, "world": W}
 

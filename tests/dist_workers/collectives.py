@@ -85,7 +85,8 @@ def init_state():
     return {"backend": dist.get_backend(), "type": type(backend).__name__, "bound": str(pg.bound_device_id),
             "is_hccl_available": dist.is_hccl_available(),
             "torch_npu_is_hccl_available": torch_npu.distributed.is_hccl_available(),
-            "rank": dist.get_rank(), "world": dist.get_world_size()}
+            "rank": dist.get_rank(), "world": dist.get_world_size(), "check": backend._collective_check,
+            "check_env": os.environ.get("TORCH_NPU_EMU_COLLECTIVE_CHECK")}
 
 
 FLOAT_OPS = ["SUM", "AVG", "PRODUCT", "MIN", "MAX"]
