@@ -271,7 +271,8 @@ ProcessGroupHCCL::ProcessGroupHCCL(const c10::intrusive_ptr<c10d::Store>& store,
   if (options_->op_timeout > 0) timeout = std::chrono::milliseconds(options_->op_timeout);
   GlooFactory make = factory();
   gloo_ = make(store_, rank, size, timeout);
-  check_ = env_flag("TORCH_NPU_EMU_COLLECTIVE_CHECK", true);
+  check_mode_ = check_mode_from_env();
+  check_ = check_mode_ != CheckMode::OFF;
   if (check_ && size > 1) {
     checker_ = make(c10::make_intrusive<c10d::PrefixStore>("hccl_fingerprint", store_), rank, size, timeout);
   } else {
@@ -280,6 +281,34 @@ ProcessGroupHCCL::ProcessGroupHCCL(const c10::intrusive_ptr<c10d::Store>& store,
 }
 
 ProcessGroupHCCL::~ProcessGroupHCCL() = default;
+
+// TORCH_NPU_EMU_COLLECTIVE_CHECK: 1 = fingerprint every collective, 0 = never,
+// unset/"auto" = where it is cheap; TORCH_DISTRIBUTED_DEBUG=DETAIL asks for all.
+ProcessGroupHCCL::CheckMode ProcessGroupHCCL::check_mode_from_env() {
+  const char* v = std::getenv("TORCH_NPU_EMU_COLLECTIVE_CHECK");
+  const std::string s = v ? v : "";
+  if (s == "0" || s == "false" || s == "off" || s == "OFF") return CheckMode::OFF;
+  if (s == "1" || s == "true" || s == "on" || s == "ON" || s == "all") return CheckMode::ALL;
+  const char* debug = std::getenv("TORCH_DISTRIBUTED_DEBUG");
+  if (debug && std::string(debug) == "DETAIL") return CheckMode::ALL;
+  return CheckMode::AUTO;
+}
+
+// The check costs one small round trip. "Where it is cheap" (the default):
+// the first collectives of a group, where a mis-launched or mis-resumed job
+// desynchronises, and collectives whose payload dwarfs a round trip. The
+// decision depends only on what every rank of a healthy job agrees on (the
+// sequence number; sizes only for ops whose sizes must match anyway), so
+// ranks never disagree about whether to check.
+bool ProcessGroupHCCL::should_check(const Call& call) const {
+  if (check_mode_ == CheckMode::ALL) return true;
+  if (check_mode_ == CheckMode::OFF) return false;
+  if (seq_.load() < kStartupChecks) return true;
+  if (!call.shapes_must_match) return false;
+  int64_t bytes = 0;
+  for (const auto& t : call.signature) bytes += t.numel() * t.element_size();
+  return bytes >= kCheapCheckBytes;
+}
 
 void ProcessGroupHCCL::setTimeout(std::chrono::milliseconds timeout) {
   options_->timeout = timeout;
@@ -298,6 +327,7 @@ constexpr int64_t kPacketWords = K + kPayloadBytes / 8;
 }  // namespace
 
 at::Tensor ProcessGroupHCCL::check_fingerprint(const Call& call, const at::Tensor& payload) {
+  fingerprints_++;
   const uint64_t seq = seq_.load();
   int64_t numel = 0, ndim = 0, hash = 1469598103934665603LL;
   int64_t dtype = -1;
@@ -360,7 +390,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::launch(Call& call,
   // Point-to-point calls involve two ranks only: they are neither
   // fingerprinted nor counted in the group's collective sequence.
   if (call.collective) {
-    if (check_) check_fingerprint(call);
+    if (check_ && should_check(call)) check_fingerprint(call);
     seq_++;
   }
   const bool timed = timeline::enabled();
@@ -802,7 +832,8 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupHCCL::split(const c10::intrusive_p
   options->op_timeout = options_->op_timeout;
   auto pg = c10::make_intrusive<ProcessGroupHCCL>(split_store, static_cast<int>(it - ranks.begin()),
                                                   static_cast<int>(ranks.size()), options);
-  pg->set_collective_check(check_);
+  pg->check_mode_ = check_mode_;
+  pg->check_ = check_ && pg->checker_;
   return pg;
 }
 

@@ -101,7 +101,13 @@ class ProcessGroupHCCL : public c10d::Backend {
   c10::intrusive_ptr<c10d::Backend> gloo() const { return gloo_; }
   // Fingerprint checks of collective calls (on by default).
   bool collective_check() const { return check_; }
-  void set_collective_check(bool on) { check_ = on; }
+  // How many collectives were fingerprinted (tests and diagnostics).
+  uint64_t fingerprints() const { return fingerprints_.load(); }
+  // Python's _collective_check: True = check every collective, False = none.
+  void set_collective_check(bool on) {
+    check_ = on && checker_;
+    check_mode_ = check_ ? CheckMode::ALL : CheckMode::OFF;
+  }
 
  private:
   struct Call;  // one collective: its name, npu tensors and post-processing
@@ -117,7 +123,14 @@ class ProcessGroupHCCL : public c10d::Backend {
   c10::intrusive_ptr<c10d::Backend> checker_;  // a second Gloo group for fingerprints
   std::atomic<uint64_t> seq_{0};
   uint64_t split_count_ = 0;  // splits of this group so far (same on every rank)
-  bool check_ = true;
+  enum class CheckMode { OFF, AUTO, ALL };
+  static CheckMode check_mode_from_env();
+  bool should_check(const Call& call) const;
+  static constexpr uint64_t kStartupChecks = 32;
+  static constexpr int64_t kCheapCheckBytes = 32LL << 20;
+  bool check_ = true;  // a checker group exists and fingerprints may be exchanged
+  CheckMode check_mode_ = CheckMode::AUTO;
+  std::atomic<uint64_t> fingerprints_{0};
   bool coalescing_ = false;
   std::vector<c10::intrusive_ptr<c10d::Work>> coalesced_;  // works of the open coalesced block
 };

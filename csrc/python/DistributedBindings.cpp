@@ -86,6 +86,7 @@ void init_distributed_bindings(py::module& parent) {
                      py::call_guard<py::gil_scoped_release>())
                 .def_property_readonly("options", &PG::options)
                 .def_property("_collective_check", &PG::collective_check, &PG::set_collective_check)
+                .def_property_readonly("_fingerprint_count", &PG::fingerprints)
                 .def_property_readonly("_gloo", &PG::gloo)
                 // The communicator's name is the c10d group name: it is what
                 // the comm-fused ops (hcom=...) resolve back to a group.
