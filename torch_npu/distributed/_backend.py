@@ -137,8 +137,9 @@ def _bound_store_connect():
     default: a rank that was never started would hang the job. Once the store
     is up it gets the group timeout back.
     """
-    import importlib
-    rendezvous = importlib.import_module("torch.distributed.rendezvous")  # the module, not dist.rendezvous()
+    import sys
+    import torch.distributed.rendezvous  # noqa: F401  (the attribute is the function; the module is in sys.modules)
+    rendezvous = sys.modules["torch.distributed.rendezvous"]
     create = rendezvous._create_c10d_store
 
     def _create_c10d_store(hostname, port, rank, world_size, timeout, use_libuv=True):
