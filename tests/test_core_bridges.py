@@ -105,3 +105,24 @@ def test_module_to_npu_keeps_parameter_identity():
     torch.testing.assert_close(m.weight.detach().cpu(), ref.weight.detach())
     assert not torch._has_compatible_shallow_copy_type(torch.ones(1, device="npu"),
                                                         torch.ones(1).to_sparse())
+
+
+def test_deterministic_mode_fills_uninitialized_memory_like_cpu():
+    torch.use_deterministic_algorithms(True)
+    try:
+        for dtype in (torch.float32, torch.bfloat16, torch.int32, torch.uint8):
+            npu, cpu = torch.empty(3, dtype=dtype, device="npu"), torch.empty(3, dtype=dtype)
+            if dtype.is_floating_point:
+                assert bool(npu.isnan().all()) and bool(cpu.isnan().all())
+            else:
+                assert torch.equal(npu.cpu(), cpu) and int(cpu[0]) == torch.iinfo(dtype).max
+        s = torch.empty_strided((2, 2), (1, 2), device="npu")
+        assert bool(s.isnan().all())
+        x = torch.zeros(2, device="npu")
+        x.resize_(5)
+        y = torch.zeros(2)
+        y.resize_(5)
+        assert x.cpu()[:2].tolist() == [0.0, 0.0] and bool(x.cpu()[2:].isnan().all())
+        assert bool(y[2:].isnan().all())
+    finally:
+        torch.use_deterministic_algorithms(False)

@@ -2,7 +2,10 @@
 // device pool), copies across devices, views and metadata ops (they must
 // share the npu storage, not an alias), scalar reads, and the ops whose
 // non-CPU code path has no CPU kernel (convolution's overrideable backend).
+#include <ATen/Context.h>
 #include <ATen/EmptyTensor.h>
+#include <ATen/native/ResizeCommon.h>
+#include <ATen/native/TensorFactories.h>
 #include <ATen/ops/_local_scalar_dense.h>
 #include <ATen/ops/convolution.h>
 #include <ATen/ops/convolution_backward.h>
@@ -35,6 +38,13 @@ int resolve_device(std::optional<at::Device> device) {
 
 const c10::DispatchKeySet kNpuKeys(c10::DispatchKey::PrivateUse1);
 
+// torch.use_deterministic_algorithms(True) (with fill_uninitialized_memory,
+// the default) makes empty tensors NaN / the integer maximum, as on CPU and CUDA.
+bool fill_uninitialized() {
+  const auto& ctx = at::globalContext();
+  return ctx.deterministicAlgorithms() && ctx.deterministicFillUninitializedMemory();
+}
+
 at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<at::ScalarType> dtype,
                                std::optional<at::Layout> layout, std::optional<at::Device> device,
                                std::optional<bool> pin_memory, std::optional<at::MemoryFormat> memory_format) {
@@ -43,8 +53,10 @@ at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<at::ScalarTy
               "CAUTION: The operator 'aten::empty.memory_format' is not currently supported on the NPU backend "
               "for layout ", *layout, ".", OPS_ERROR(ErrCode::NOT_SUPPORT));
   int d = resolve_device(device);
-  return at::detail::empty_generic(size, allocator::get(d), kNpuKeys,
-                                   c10::dtype_or_default(dtype), memory_format);
+  at::Tensor t = at::detail::empty_generic(size, allocator::get(d), kNpuKeys, c10::dtype_or_default(dtype),
+                                           memory_format);
+  if (fill_uninitialized()) at::native::fill_empty_deterministic_(t);
+  return t;
 }
 
 at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::optional<at::ScalarType> dtype,
@@ -52,8 +64,10 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::op
                          std::optional<bool> pin_memory) {
   TORCH_CHECK(!pin_memory.has_value() || !*pin_memory, "Only dense CPU tensors can be pinned");
   int d = resolve_device(device);
-  return at::detail::empty_strided_generic(size, stride, allocator::get(d), kNpuKeys,
-                                           c10::dtype_or_default(dtype));
+  at::Tensor t = at::detail::empty_strided_generic(size, stride, allocator::get(d), kNpuKeys,
+                                                   c10::dtype_or_default(dtype));
+  if (fill_uninitialized()) at::native::fill_empty_deterministic_(t);
+  return t;
 }
 
 // Allocator for efficient zero tensors: no memory, an npu label.
@@ -128,10 +142,12 @@ void grow_storage(c10::StorageImpl* storage, size_t nbytes) {
 const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
                           std::optional<at::MemoryFormat> memory_format) {
   c10::TensorImpl* impl = self.unsafeGetTensorImpl();
+  const int64_t old_nbytes = static_cast<int64_t>(impl->unsafe_storage().nbytes());
   impl->set_sizes_contiguous(size);
   const size_t needed = at::detail::computeStorageNbytesContiguous(size, self.dtype().itemsize(),
                                                                    impl->storage_offset());
   if (self.numel() > 0) grow_storage(impl->unsafe_storage().unsafeGetStorageImpl(), needed);
+  if (fill_uninitialized()) at::native::fill_resize_deterministic_(self, old_nbytes);
   if (memory_format.has_value()) {
     TORCH_CHECK(*memory_format != at::MemoryFormat::Preserve,
                 "Unsupported memory format", *memory_format);
