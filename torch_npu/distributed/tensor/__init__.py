@@ -1,0 +1,1 @@
+"""``torch_npu.distributed.tensor``: DTensor extras for the NPU (context parallelism)."""
