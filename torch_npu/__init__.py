@@ -87,6 +87,7 @@ import torch_npu.op_plugin  # noqa: E402,F401
 from torch_npu.op_plugin.formats import Format  # noqa: E402,F401
 import torch_npu.optim  # noqa: E402,F401
 import torch_npu.distributed  # noqa: E402,F401  (registers the hccl backend)
+from torch_npu.npu.amp.sharded_grad_scaler import _ShardedGradScaler  # noqa: E402,F401
 import torch_npu.profiler  # noqa: E402,F401
 import torch_npu.dynamo  # noqa: E402
 from torch_npu.utils.hif8_tensor import HiFloat8Tensor  # noqa: E402,F401
