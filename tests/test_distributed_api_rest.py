@@ -89,21 +89,13 @@ def test_pipeline_two_stages(job):
         torch.testing.assert_close(got[n], want[n], rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.xfail(strict=False, reason="known wrong: the npu ring attention in context_parallel does not yet "
-                   "match full causal attention (75% of outputs differ); see docs/distributed.md")
-def test_context_parallel_ring_attention(job):
-    g = torch.Generator().manual_seed(3)
-    q, k, v, dout = (torch.randn(2, 2, 16, 8, generator=g) for _ in range(4))
-    q, k, v = (t.requires_grad_() for t in (q, k, v))
-    o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    o.backward(dout)
+def test_context_parallel_refuses_instead_of_answering_wrong(job):
+    # Its npu ring attention does not match full causal attention yet: it must
+    # raise on every rank, leaving the buffers unsharded, rather than run.
     for res in job:
         out = _ok(res, "context_parallel_causal")
-        assert out["local_seq"] == 8 and out["restored_seq"] == 16  # sharded inside, restored after
-        torch.testing.assert_close(out["out"], o.detach(), rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(out["dq"], q.grad, rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(out["dk"], k.grad, rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(out["dv"], v.grad, rtol=1e-5, atol=1e-5)
+        assert "context_parallel is not emulated yet" in out["not_emulated"]
+        assert out["seq_untouched"] == 16
 
 
 def test_rpc_options_npu_device_maps():

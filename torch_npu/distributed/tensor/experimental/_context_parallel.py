@@ -81,7 +81,14 @@ _NPU_SDPA_HANDLERS = {
 
 @contextlib.contextmanager
 def context_parallel(mesh, *, buffers=None, buffer_seq_dims=None, no_restore_buffers=None):
-    """``torch.distributed.tensor.experimental.context_parallel`` whose SDPA also rings on npu."""
+    """``torch.distributed.tensor.experimental.context_parallel`` whose SDPA also rings on npu.
+
+    Not available yet: the ring handlers for the npu SDPA kernel below give
+    causal results that differ from full attention, so rather than a silent
+    wrong answer this raises (docs/distributed.md)."""
+    raise NotImplementedError(
+        "torch_npu.distributed.tensor.experimental.context_parallel is not emulated yet on the CPU-emulated NPU: "
+        "ring attention over the npu SDPA kernel does not match full attention yet.")
     with _torch_context_parallel(mesh, buffers=buffers, buffer_seq_dims=buffer_seq_dims,
                                  no_restore_buffers=no_restore_buffers):
         # upstream installed its handler dict on entry and replaces it on exit
