@@ -9,6 +9,9 @@ from torch_npu.utils.combine_tensors import npu_combine_tensors, get_part_combin
 from torch_npu.utils.flops_count import FlopsCounter
 from torch_npu.utils.affinity import set_thread_affinity, reset_thread_affinity
 from torch_npu.utils import _cann, _logging
+from torch_npu.utils import syncbatchnorm as _syncbatchnorm
+
+_syncbatchnorm._install()  # torch.nn.SyncBatchNorm on npu tensors
 
 _logging.configure()
 
