@@ -121,3 +121,13 @@ def test_pipeline_rejects_unemulated_options():
     from torch_npu.distributed.pipelining import pipeline
     with pytest.raises(NotImplementedError, match="not emulated"):
         pipeline(torch.nn.Linear(2, 2), (torch.ones(1, 2),), mode="x")
+
+
+def test_fsdp_sharded_grad_scaler_defaults_to_npu():
+    from torch.distributed.fsdp import sharded_grad_scaler
+    assert sharded_grad_scaler.ShardedGradScaler is torch_npu._ShardedGradScaler
+    scaler = sharded_grad_scaler.ShardedGradScaler(init_scale=8.0)
+    assert scaler._device == "npu"
+    loss = torch.tensor(3.0, device="npu")
+    scaled = scaler.scale(loss)
+    assert scaled.device.type == "npu" and scaled.item() == 24.0

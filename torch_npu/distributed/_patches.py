@@ -7,6 +7,7 @@
 - DDP's ``bf16_compress_hook`` casts on the bucket's device (upstream's
   hard-codes CUDA), and DDP accepts the bf16 hooks on npu models (upstream
   refuses them by name without CUDA+NCCL).
+- FSDP's ``ShardedGradScaler`` is torch_npu's ``_ShardedGradScaler`` (npu by default).
 - ``monitored_barrier`` works on an hccl group (upstream insists on a group
   named "gloo"): it runs on the group's Gloo engine.
 """
@@ -106,6 +107,13 @@ def _patch_monitored_barrier():
     dist.monitored_barrier = monitored_barrier
 
 
+def _patch_sharded_grad_scaler():
+    """FSDP's ShardedGradScaler becomes torch_npu's, whose default device is npu (as the real one)."""
+    from torch.distributed.fsdp import sharded_grad_scaler
+    from torch_npu.npu.amp.sharded_grad_scaler import _ShardedGradScaler
+    sharded_grad_scaler.ShardedGradScaler = _ShardedGradScaler
+
+
 def apply():
     global _applied
     if _applied:
@@ -115,6 +123,7 @@ def apply():
     _patch_ddp_hooks()
     _patch_ddp_hook_check()
     _patch_monitored_barrier()
+    _patch_sharded_grad_scaler()
     dist.is_hccl_available = is_hccl_available
     dist.reinit_process_group = reinit_process_group
     dist.ProcessGroupHCCL = ProcessGroupHCCL
