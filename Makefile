@@ -11,7 +11,7 @@ SOURCES := $(shell find csrc -name '*.cpp' -o -name '*.h') setup.py pyproject.to
 
 $(VENV)/.deps:
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0 numpy pyyaml pytest expecttest ninja "setuptools>=61" wheel click libcst hypothesis torch-tb-profiler
+	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0 numpy pyyaml pytest expecttest ninja "setuptools>=61" wheel click libcst hypothesis torch-tb-profiler en_dtypes
 	touch $@
 
 $(VENV)/.built: $(VENV)/.deps $(SOURCES)
