@@ -317,13 +317,14 @@ def not_emulated_text(name):
 @pytest.mark.parametrize("device", DEVICES)
 def test_not_emulated_op_raises(device):
     # Ops whose semantics the public docs leave open stay not emulated.
-    x = torch.ones(2, 4, 8, dtype=torch.int8, device=device)
+    x = torch.ones(2, 4, 8, device=device)
+    args = (x, x, x, x, x, x, True, 1, 0.0, False, False, False, False, False)
     with pytest.raises(NotImplementedError) as info:
-        torch_npu.npu_transpose_quant_batchmatmul(x, x, 1)
-    assert str(info.value) == not_emulated_text("npu_transpose_quant_batchmatmul")
+        torch_npu.npu_lstm(*args)
+    assert str(info.value) == not_emulated_text("npu_lstm")
     with pytest.raises(NotImplementedError) as info:
-        torch.ops.npu.npu_transpose_quant_batchmatmul.default(x, x, 1)
-    assert str(info.value) == not_emulated_text("npu_transpose_quant_batchmatmul")
+        torch.ops.npu.npu_lstm.default(*args)
+    assert str(info.value) == not_emulated_text("npu_lstm")
 
 
 def test_kernels_per_state():
