@@ -131,3 +131,54 @@ def test_transpose_quant_batchmatmul_rejects():
                                                   batch_split_factor=2)
     with pytest.raises(NotImplementedError, match="dtype"):
         torch_npu.npu_transpose_quant_batchmatmul(x1, x2, torch.int8, x1_scale=s1, x2_scale=s2)
+
+
+def rotate_quant_reference(x, rotation):
+    """Blocks of k along each row times rotation (float64, cast to x's dtype), then
+    scale = max|row| / 127 and y = round(row / scale) with ties to even, float64 loops."""
+    m, n = x.shape
+    k = rotation.shape[0]
+    r = rotation.double()
+    rotated = torch.zeros(m, n, dtype=torch.float64)
+    for i in range(m):
+        for blk in range(n // k):
+            v = x[i, blk * k:(blk + 1) * k].double()
+            rotated[i, blk * k:(blk + 1) * k] = v @ r
+    rotated = rotated.to(x.dtype).double()
+    scale = rotated.abs().amax(-1) / 127.0
+    y = torch.zeros(m, n, dtype=torch.int64)
+    for i in range(m):
+        for j in range(n):
+            y[i, j] = max(-128, min(127, round(float(rotated[i, j]) / float(scale[i]))))
+    return y, scale
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", OUT)
+def test_rotate_quant_int8(device, dtype):
+    gen = torch.Generator().manual_seed(6)
+    m, n, k = 4, 32, 8
+    x = torch.randn(m, n, generator=gen).to(dtype)
+    rotation = torch.randn(k, k, generator=gen)
+    rotation = (rotation / rotation.norm(dim=1, keepdim=True)).to(dtype)
+    y, scale = torch_npu.npu_rotate_quant(x.to(device), rotation.to(device), dst_dtype=torch.int8)
+    assert y.dtype == torch.int8 and y.shape == (m, n) and scale.dtype == torch.float32 and scale.shape == (m,)
+    ref_y, ref_scale = rotate_quant_reference(x, rotation)
+    torch.testing.assert_close(scale.cpu().double(), ref_scale, rtol=1e-6, atol=0)
+    # float32 vs float64 accumulation may flip the dtype rounding of a rotated value: off by one at most
+    assert (y.cpu().long() - ref_y).abs().max() <= 1
+    assert (y.cpu().long() == ref_y).float().mean() > 0.95
+
+
+def test_rotate_quant_fake_and_rejects():
+    with FakeTensorMode():
+        y, scale = torch_npu.npu_rotate_quant(torch.empty(3, 16, dtype=torch.float16),
+                                              torch.empty(4, 4, dtype=torch.float16))
+        assert y.shape == (3, 16) and y.dtype == torch.int8 and scale.shape == (3,)
+    x, r = torch.ones(2, 8, dtype=torch.float16), torch.eye(4, dtype=torch.float16)
+    with pytest.raises(NotImplementedError, match="dst_dtype"):
+        torch_npu.npu_rotate_quant(x, r, dst_dtype=torch.quint4x2)
+    with pytest.raises(NotImplementedError, match="round_mode"):
+        torch_npu.npu_rotate_quant(x, r, round_mode="round")
+    with pytest.raises(RuntimeError, match="divisible"):
+        torch_npu.npu_rotate_quant(torch.ones(2, 6, dtype=torch.float16), r)
