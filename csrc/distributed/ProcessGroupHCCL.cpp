@@ -471,6 +471,24 @@ void divide_by(std::vector<at::Tensor>& cpu, int size) {
     }
   }
 }
+// PREMUL_SUM: scale the inputs first, in place where the buffer receives the
+// result anyway, else as copies so the caller's inputs stay untouched.
+void premultiply(std::vector<at::Tensor>& inputs, const c10d::ReduceOp& op, bool in_place) {
+  if (op != c10d::ReduceOp::PREMUL_SUM) return;
+  const double f = premul_factor(op);
+  for (auto& t : inputs) {
+    if (in_place) {
+      t.mul_(f);
+    } else {
+      t = t * f;
+    }
+  }
+}
+// AVG: divide the results by the group size once Gloo's SUM completed.
+std::function<void()> average_after(const c10d::ReduceOp& op, std::vector<at::Tensor> outputs, int size) {
+  if (op != c10d::ReduceOp::AVG) return {};
+  return [outputs, size]() mutable { divide_by(outputs, size); };
+}
 }  // namespace
 
 // A small all_reduce rides on its own fingerprint exchange: the packet that
@@ -544,14 +562,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::allreduce(std::vector<at::Tenso
   auto cpu = call.alias(tensors);
   c10d::AllreduceOptions o = opts;
   o.reduceOp = gloo_reduce_op(opts.reduceOp);
-  if (opts.reduceOp == c10d::ReduceOp::PREMUL_SUM) {
-    const double f = premul_factor(opts.reduceOp);
-    for (auto& t : cpu) t.mul_(f);  // in place: the buffer receives the result anyway
-  }
-  if (opts.reduceOp == c10d::ReduceOp::AVG) {
-    const int size = getSize();
-    call.finalize = [cpu, size]() mutable { divide_by(cpu, size); };
-  }
+  premultiply(cpu, opts.reduceOp, /*in_place=*/true);
+  call.finalize = average_after(opts.reduceOp, cpu, getSize());
   return launch(call, [&] { return gloo_->allreduce(cpu, o); });
 }
 
@@ -562,14 +574,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::allreduce_coalesced(std::vector
   auto cpu = call.alias(tensors);
   c10d::AllreduceCoalescedOptions o = opts;
   o.reduceOp = gloo_reduce_op(opts.reduceOp);
-  if (opts.reduceOp == c10d::ReduceOp::PREMUL_SUM) {
-    const double f = premul_factor(opts.reduceOp);
-    for (auto& t : cpu) t.mul_(f);
-  }
-  if (opts.reduceOp == c10d::ReduceOp::AVG) {
-    const int size = getSize();
-    call.finalize = [cpu, size]() mutable { divide_by(cpu, size); };
-  }
+  premultiply(cpu, opts.reduceOp, /*in_place=*/true);
+  call.finalize = average_after(opts.reduceOp, cpu, getSize());
   return launch(call, [&] { return gloo_->allreduce_coalesced(cpu, o); });
 }
 
@@ -581,14 +587,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::reduce(std::vector<at::Tensor>&
   auto cpu = call.alias(tensors);
   c10d::ReduceOptions o = opts;
   o.reduceOp = gloo_reduce_op(opts.reduceOp);
-  if (opts.reduceOp == c10d::ReduceOp::PREMUL_SUM) {
-    const double f = premul_factor(opts.reduceOp);
-    for (auto& t : cpu) t.mul_(f);
-  }
-  if (opts.reduceOp == c10d::ReduceOp::AVG && getRank() == opts.rootRank) {
-    const int size = getSize();
-    call.finalize = [cpu, size]() mutable { divide_by(cpu, size); };
-  }
+  premultiply(cpu, opts.reduceOp, /*in_place=*/true);
+  if (getRank() == opts.rootRank) call.finalize = average_after(opts.reduceOp, cpu, getSize());
   return launch(call, [&] { return gloo_->reduce(cpu, o); });
 }
 
@@ -674,16 +674,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::reduce_scatter(std::vector<at::
   auto in = call.alias(inputs);
   c10d::ReduceScatterOptions o = opts;
   o.reduceOp = gloo_reduce_op(opts.reduceOp);
-  if (opts.reduceOp == c10d::ReduceOp::PREMUL_SUM) {
-    const double f = premul_factor(opts.reduceOp);
-    for (auto& ts : in) {
-      for (auto& t : ts) t = t * f;  // scaled copies: the inputs stay untouched
-    }
-  }
-  if (opts.reduceOp == c10d::ReduceOp::AVG) {
-    const int size = getSize();
-    call.finalize = [out, size]() mutable { divide_by(out, size); };
-  }
+  for (auto& ts : in) premultiply(ts, opts.reduceOp, /*in_place=*/false);
+  call.finalize = average_after(opts.reduceOp, out, getSize());
   return launch(call, [&] { return gloo_->reduce_scatter(out, in, o); });
 }
 
@@ -695,12 +687,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::_reduce_scatter_base(at::Tensor
   auto in = flat(call.alias(input), call.type);
   c10d::ReduceScatterOptions o = opts;
   o.reduceOp = gloo_reduce_op(opts.reduceOp);
-  if (opts.reduceOp == c10d::ReduceOp::PREMUL_SUM) in = in * premul_factor(opts.reduceOp);
-  if (opts.reduceOp == c10d::ReduceOp::AVG) {
-    std::vector<at::Tensor> outs{out};
-    const int size = getSize();
-    call.finalize = [outs, size]() mutable { divide_by(outs, size); };
-  }
+  if (opts.reduceOp == c10d::ReduceOp::PREMUL_SUM) in = in * premul_factor(opts.reduceOp);  // a copy
+  call.finalize = average_after(opts.reduceOp, {out}, getSize());
   return launch(call, [&] { return gloo_->_reduce_scatter_base(out, in, o); });
 }
 
