@@ -126,3 +126,14 @@ def test_deterministic_mode_fills_uninitialized_memory_like_cpu():
         assert bool(y[2:].isnan().all())
     finally:
         torch.use_deterministic_algorithms(False)
+
+
+def test_dynamo_backends_are_declared_as_entry_points():
+    # As the real wheel: torch._dynamo finds the backends through package metadata.
+    from importlib.metadata import entry_points
+    declared = {e.name: e.value for e in entry_points(group="torch_dynamo_backends")}
+    assert declared == {"npu": "torch_npu.dynamo.backends:_npu_backend",
+                        "npugraph_ex": "torch_npu.dynamo.backends:_npugraph_ex_backend",
+                        "npugraphs": "torch_npu.dynamo.backends:_npugraphs_backend"}
+    import torch._dynamo
+    assert {"npu", "npugraph_ex", "npugraphs"} <= set(torch._dynamo.list_backends(exclude_tags=()))
