@@ -83,6 +83,10 @@ if _os.environ.get("TORCH_NPU_EMU_AUTOGRAD_THREADS", "0") != "1":
     torch._C._set_multithreading_enabled(False)
 
 from torch_npu import emulator  # noqa: E402,F401
+# torch_npu._C._cd.DType and the integer dtype constants torch_npu.hifloat8, .float8_e4m3fn ...
+from torch_npu.utils import _custom_dtype  # noqa: E402
+
+_custom_dtype.install(torch_npu)
 import torch_npu.op_plugin  # noqa: E402,F401
 from torch_npu.op_plugin.formats import Format  # noqa: E402,F401
 import torch_npu.optim  # noqa: E402,F401

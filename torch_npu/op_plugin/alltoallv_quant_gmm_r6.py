@@ -14,7 +14,7 @@ Emulated: MX mode (quant modes 6 or None with float8_e8m0fnu scales, group size 
 through the AlltoAllv and Permute. ``permute_out`` keeps ``gmm_x``'s dtype.
 
 Not emulated (NotImplementedError): T-T mode (quant mode 1; documented only for hifloat8 inputs,
-whose ``*_dtype`` codes this package does not define yet), float4 / hifloat8 ``*_dtype`` arguments,
+``*_dtype=torch_npu.hifloat8``, not read in this pass), float4 / hifloat8 ``*_dtype`` arguments,
 other group sizes, ``send_counts_tensor``/``recv_counts_tensor`` ("only None"), ``comm_quant_scale``
 / ``comm_quant_dtype`` ("not supported yet"), ``comm_quant_mode`` other than 0, ``comm_mode``.
 Outputs the real op leaves undefined are empty ``(0,)`` tensors, as in ``alltoallv_gmm_r4.py``.

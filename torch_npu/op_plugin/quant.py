@@ -4,9 +4,10 @@ npu_quant_matmul, npu_weight_quant_batchmatmul.
 dtype arguments (``dtype=``, ``dst_dtype=``, ``dst_type=``, ``output_dtype=``) are
 accepted as ``torch.dtype`` values (PyTorch passes them to the ``int`` schema slots as
 their ScalarType codes, e.g. ``torch.int8`` -> 1, ``torch.float16`` -> 5,
-``torch.qint8`` -> 12). torch_npu's own ``_cd.DType`` codes (int4, hifloat8, float8 ...)
-are not accepted: every dtype value outside the documented supported set, and every
-unsupported argument, raises ``NotImplementedError`` naming it.
+``torch.qint8`` -> 12), and as torch_npu's own ``_cd.DType`` codes (``torch_npu.int8`` ->
+258, ``torch_npu.float8_e4m3fn`` -> 292; see ``torch_npu.utils._custom_dtype``). Every dtype
+value outside the documented supported set (e.g. ``torch_npu.hifloat8``, which has no torch
+dtype), and every unsupported argument, raises ``NotImplementedError`` naming it.
 
 Rounding is round-half-to-even (``torch.round``); arithmetic runs in float32 (float64
 for float64 inputs), as the NPU vector units do.
@@ -14,6 +15,7 @@ for float64 inputs), as the NPU vector units do.
 import torch
 
 from torch_npu.op_plugin._common import check
+from torch_npu.utils import _custom_dtype
 from torch_npu.op_plugin._registry import impl
 
 __all__ = []
@@ -41,6 +43,11 @@ def _dtype_arg(op, argname, value, allowed):
     """Map an int/torch.dtype argument to a torch.dtype in ``allowed`` or raise NotImplementedError."""
     if isinstance(value, torch.dtype):
         dt = value
+    elif _custom_dtype.is_custom_code(int(value)):  # torch_npu.float8_e4m3fn, .hifloat8 ...
+        dt = _custom_dtype.to_torch_dtype(int(value))
+        if dt is None or dt not in allowed:
+            _unsupported(op, "%s=%s (supported: %s)" % (argname, _custom_dtype.code_name(int(value)),
+                                                        ", ".join(str(a) for a in allowed)))
     else:
         dt = _CODE_TO_DTYPE.get(int(value))
     if dt is None or dt not in allowed:
