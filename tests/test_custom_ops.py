@@ -336,7 +336,10 @@ def test_kernels_per_state():
             assert has(q, "CompositeImplicitAutograd") and not has(q, "CPU") and not has(q, "PrivateUse1"), name
         else:
             assert has(q, "CPU") and has(q, "PrivateUse1") and not has(q, "CompositeImplicitAutograd"), name
+            # a not-emulated op infers shapes on Meta exactly when a Meta kernel was written for it
+            assert has(q, "Meta") == (name in _registry.META), name
     assert len(_registry.IMPLEMENTED) >= 30
+    assert not set(_registry.META) & set(_registry.IMPLEMENTED)
 
 
 def test_extra_public_names():

@@ -54,6 +54,7 @@ def render():
         "| emulated overloads | %d |" % s["emulated_overloads"],
         "| emulated base names | %d |" % s["emulated_base_names"],
         "| not-yet-emulated overloads | %d |" % s["not_emulated_overloads"],
+        "| of which have a Meta kernel (shapes for FakeTensor / torch.compile) | %d |" % s["meta_only_overloads"],
         "",
     ]
     if _registry.FAILED:
@@ -78,14 +79,16 @@ def render():
     lines += [
         "## All operators",
         "",
-        "In schema order. Status: **emulated** or not yet emulated (raises NotImplementedError).",
+        "In schema order. Status: **emulated**, or not yet emulated (raises NotImplementedError on CPU and",
+        "npu tensors); \"not emulated, meta\" ones still infer output shapes on Meta/FakeTensor inputs.",
         "",
         "| overload | public | status | schema |",
         "|---|:-:|---|---|",
     ]
     for name, entry in defined.items():
         public, _sections, schema = entry[0], entry[1], entry[2]
-        status = "**emulated**" if name in implemented else "not emulated"
+        status = ("**emulated**" if name in implemented
+                  else "not emulated, meta" if name in _registry.META else "not emulated")
         lines.append("| `%s` | %s | %s | `%s` |" % (name, "yes" if public else "", status,
                                                   schema.replace("|", "\\|")))
     lines.append("")

@@ -10,7 +10,10 @@
   autograd.
 * ``register_not_emulated()`` gives every remaining overload CPU and
   PrivateUse1 (npu) kernels that raise ``NotImplementedError`` naming the op,
-  never a silent wrong answer.
+  never a silent wrong answer, and the Meta kernel registered for it with
+  ``meta(name)`` (its output shapes and dtypes, from the op's documentation), so
+  that FakeTensor tracing and ``torch.compile`` can see through an op whose
+  computation is not emulated yet.
 """
 import torch
 
@@ -28,6 +31,8 @@ FAILED = {}
 IMPLEMENTED = {}
 # names whose kernels raise NotImplementedError.
 NOT_EMULATED = []
+# name -> Meta kernel (output shapes/dtypes only) of an overload that is not emulated.
+META = {}
 
 _LIB = None
 
@@ -72,6 +77,20 @@ def impl(name):
     return register
 
 
+def meta(name):
+    """Decorator: ``fn`` computes the outputs of ``npu::<name>`` on Meta tensors (shapes and
+    dtypes, as the real op documents them). Registered for the Meta key only while the op
+    is not emulated; an emulated op's CompositeImplicitAutograd kernel already covers Meta."""
+    def register(fn):
+        if name not in DEFINED:
+            raise RuntimeError("npu::%s has no schema (%s)" % (name, FAILED.get(name, "unknown op")))
+        if name in META:
+            raise RuntimeError("npu::%s has two Meta kernels" % name)
+        META[name] = fn
+        return fn
+    return register
+
+
 def _raising_kernel(name):
     message = not_emulated_message(name)
 
@@ -99,6 +118,8 @@ def register_not_emulated():
         lib.impl(name, kernel, "PrivateUse1")
         if not DEFINED[name][3]:
             lib.impl(name, kernel, "BackendSelect")
+        if name in META:
+            lib.impl(name, META[name], "Meta")
         NOT_EMULATED.append(name)
 
 
@@ -116,4 +137,5 @@ def summary():
         "emulated_overloads": len(IMPLEMENTED),
         "emulated_base_names": len(impl_bases),
         "not_emulated_overloads": len(NOT_EMULATED),
+        "meta_only_overloads": len([n for n in NOT_EMULATED if n in META]),
     }
