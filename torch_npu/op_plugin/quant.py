@@ -17,6 +17,7 @@ import torch
 from torch_npu.op_plugin._common import check
 from torch_npu.utils import _custom_dtype
 from torch_npu.op_plugin._registry import impl
+from torch_npu.op_plugin.int4pack_r7 import unpack_int4_weight
 
 __all__ = []
 
@@ -304,8 +305,11 @@ def npu_weight_quant_batchmatmul(x, weight, antiquant_scale, antiquant_offset=No
     (``[n]`` or ``[1, n]``) or, with ``antiquant_group_size = g > 0``, per-group
     ``[ceil(k / g), n]`` (row ``i`` of weight uses group ``i // g``). Computed in float32,
     output in ``x.dtype``. ``inner_precise`` (0/1) is a precision hint and ignored.
-    ``quant_scale``/``quant_offset`` (int8 output), ``weight_dtype``, and non-int8
-    weights (int4 packed) raise NotImplementedError.
+    int32 ``weight``: int4 values packed 8 per int32 by npu_convert_weight_to_int4pack,
+    ``(k, n / 8)`` or the transposed view ``(k / 8, n)`` of a packed ``(n, k / 8)``; unpacked
+    to ``[k, n]`` by ``int4pack_r7.unpack_int4_weight``.
+    ``quant_scale``/``quant_offset`` (int8 output), ``weight_dtype``, and other weight
+    dtypes raise NotImplementedError.
     """
     op = "npu_weight_quant_batchmatmul"
     for name, v in (("quant_scale", quant_scale), ("quant_offset", quant_offset),
@@ -314,8 +318,10 @@ def npu_weight_quant_batchmatmul(x, weight, antiquant_scale, antiquant_offset=No
             _unsupported(op, name)
     if inner_precise not in (0, 1):
         _unsupported(op, "inner_precise=%r" % (inner_precise,))
-    if weight.dtype != torch.int8:
-        _unsupported(op, "weight dtype %s (only int8)" % weight.dtype)
+    if weight.dtype == torch.int32:
+        weight = unpack_int4_weight(weight, op)
+    elif weight.dtype != torch.int8:
+        _unsupported(op, "weight dtype %s (only int8, or int32-packed int4)" % weight.dtype)
     if x.dtype not in (torch.float16, torch.bfloat16):
         _unsupported(op, "x dtype %s (only float16/bfloat16)" % x.dtype)
     check(weight.dim() == 2, op, "weight must be 2-d [k, n]")
