@@ -318,13 +318,12 @@ def not_emulated_text(name):
 def test_not_emulated_op_raises(device):
     # Ops whose semantics the public docs leave open stay not emulated.
     x = torch.ones(2, 4, 8, device=device)
-    args = (x, x, x, x, x, x, True, 1, 0.0, False, False, False, False, False)
     with pytest.raises(NotImplementedError) as info:
-        torch_npu.npu_lstm(*args)
-    assert str(info.value) == not_emulated_text("npu_lstm")
+        torch_npu.ffn_worker_scheduler(x, sync_group_size=1, execute_mode=0)
+    assert str(info.value) == not_emulated_text("ffn_worker_scheduler")
     with pytest.raises(NotImplementedError) as info:
-        torch.ops.npu.npu_lstm.default(*args)
-    assert str(info.value) == not_emulated_text("npu_lstm")
+        torch.ops.npu.ffn_worker_scheduler.default(x)
+    assert str(info.value) == not_emulated_text("ffn_worker_scheduler")
 
 
 def test_kernels_per_state():
