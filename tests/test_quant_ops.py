@@ -310,7 +310,7 @@ def test_weight_quant_batchmatmul_unsupported_and_meta():
     with pytest.raises(NotImplementedError, match="quant_scale"):
         torch_npu.npu_weight_quant_batchmatmul(x, w, s, quant_scale=torch.ones(3))
     with pytest.raises(NotImplementedError, match="weight dtype"):
-        torch_npu.npu_weight_quant_batchmatmul(x, w.int(), s)
+        torch_npu.npu_weight_quant_batchmatmul(x, w.short(), s)
     with pytest.raises(NotImplementedError, match="weight_dtype"):
         torch_npu.npu_weight_quant_batchmatmul(x, w, s, weight_dtype=1)
     y = torch_npu.npu_weight_quant_batchmatmul(torch.empty(4, 2, 8, dtype=torch.bfloat16, device="meta"),
