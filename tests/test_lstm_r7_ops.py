@@ -292,3 +292,16 @@ def test_shape_and_dtype_errors():
         torch_npu.npu_lstm_cell(x, w_ih[1:], w_hh, h, c)
     with pytest.raises(RuntimeError, match="b_hh must be given together with b_ih"):
         torch_npu.npu_lstm_cell(x, w_ih, w_hh, h, c, p["b_ih"])
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_gate_outputs_format_follows_train(train):
+    # The real adapter allocates i, j, f, o, tanhc in FRACTAL_NZ when training (always for the cell).
+    p = make(seed=11)
+    weight, bias = packed(p)
+    args = [t.to("npu") for t in (p["x"], weight, bias, NO_MASK, p["h"], p["c"])]
+    outs = torch_npu.npu_lstm(*args, True, 1, 0.0, train, False, False, False, False)
+    nz, nd = 29, 2
+    assert [torch_npu.get_npu_format(t) for t in outs] == [nd] * 3 + [nz if train else nd] * 5
+    cell = torch_npu.npu_lstm_cell(*[t.to("npu") for t in cell_inputs(p)])
+    assert [torch_npu.get_npu_format(t) for t in cell] == [nd] * 3 + [nz] * 5

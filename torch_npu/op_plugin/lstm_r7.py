@@ -16,10 +16,11 @@ returns h and c of its single step as ``[B, H]``).
 
 ``direction=True`` ("REDIRECTIONAL") runs the recurrence from t = T-1 down to 0 and stores
 every output at its own time index (the final state is at index 0), as op-plugin's packed
-bidirectional path reads it. The kernel does not use ``has_biases``, ``num_layers``,
-``dropout``, ``train``, ``bidirectional``, ``batch_first`` or ``batch_sizes`` (the docs list
-them as not supported; callers pass them along, e.g. bidirectional=True for each direction), so
-they are accepted and ignored here too. ``flag_seq=True`` (packed sequences through
+bidirectional path reads it. The kernel's math does not use ``has_biases``, ``num_layers``,
+``dropout``, ``bidirectional``, ``batch_first`` or ``batch_sizes`` (the docs list them as not
+supported; callers pass them along, e.g. bidirectional=True for each direction), so they are
+accepted and ignored here too; ``train`` only picks the gate outputs' format (FRACTAL_NZ tag
+when True, ND when False; the cell's gates are always NZ). ``flag_seq=True`` (packed sequences through
 ``seq_mask``) is documented as not supported and its padded-step outputs are not established:
 it raises NotImplementedError.
 
@@ -34,6 +35,7 @@ from torch.autograd.function import once_differentiable
 
 from torch_npu.op_plugin._common import acc, check
 from torch_npu.op_plugin._registry import impl
+from torch_npu.op_plugin import formats
 
 __all__ = []
 
@@ -120,6 +122,15 @@ class _Lstm(torch.autograd.Function):
                 dc0.to(c0.dtype).unsqueeze(0), None, None)
 
 
+def _gates_in_nz(outs, op):
+    """The real adapter allocates i, j, f, o, tanhc in FRACTAL_NZ (training / the cell); formats are
+    a storage tag here. With internal formats disallowed they stay ND, silently, as there."""
+    if torch.npu.config.allow_internal_format:
+        for gate in outs[3:]:
+            formats._tag(gate, formats.Format.FRACTAL_NZ, op)
+    return outs
+
+
 def _check_float(op, name, t, dtype):
     check(t.dtype in _DTYPES, op, "%s must be float16 or float32, got %s" % (name, t.dtype))
     check(t.dtype == dtype, op, "%s dtype %s must match input dtype %s" % (name, t.dtype, dtype))
@@ -144,25 +155,26 @@ def _check_sequence(op, input, weight, bias, h, c):
     return steps, batch, in_size, hidden
 
 
-def _lstm_sequence(op, input, weight, bias, h, c, flag_seq, direction):
+def _lstm_sequence(op, input, weight, bias, h, c, train, flag_seq, direction):
     _check_sequence(op, input, weight, bias, h, c)
     if flag_seq:
         _unsupported(op, "flag_seq=True (packed sequences through seq_mask)")
-    return _Lstm.apply(input, weight, bias, h[0], c[0], bool(direction), op)
+    outs = _Lstm.apply(input, weight, bias, h[0], c[0], bool(direction), op)
+    return _gates_in_nz(outs, op) if train else outs
 
 
 @impl("npu_lstm")
 def npu_lstm(input, weight, bias, seq_mask, h, c, has_biases, num_layers, dropout, train, bidirectional,
              batch_first, flag_seq, direction):
     """One LSTM layer over ``input`` [T, B, I]; returns (y, h, c, i, j, f, o, tanhc), each [T, B, H]."""
-    return _lstm_sequence("npu_lstm", input, weight, bias, h, c, flag_seq, direction)
+    return _lstm_sequence("npu_lstm", input, weight, bias, h, c, train, flag_seq, direction)
 
 
 @impl("npu_lstm_data")
 def npu_lstm_data(input, batch_sizes, weight, bias, seq_mask, h, c, has_biases, num_layers, dropout, train,
                   bidirectional, batch_first, flag_seq, direction):
     """npu_lstm's kernel with PackedSequence ``batch_sizes`` alongside (not read by the kernel)."""
-    return _lstm_sequence("npu_lstm_data", input, weight, bias, h, c, flag_seq, direction)
+    return _lstm_sequence("npu_lstm_data", input, weight, bias, h, c, train, flag_seq, direction)
 
 
 def _sequence_backward(op, grady, gradh, gradc, input, weight, bias, hx, cx, y, h, c, i, j, f, o, tanhc):
@@ -266,7 +278,7 @@ def npu_lstm_cell(input, w_ih, w_hh, h, c, b_ih=None, b_hh=None):
             check(tuple(t.shape) == (4 * hidden,), op,
                   "%s must be [4*hidden_size] = %s, got %s" % (name, (4 * hidden,), tuple(t.shape)))
         bias = (b_ih + b_hh).to(input.dtype)
-    return _LstmCell.apply(input, w_ih, w_hh, h, c, bias)
+    return _gates_in_nz(_LstmCell.apply(input, w_ih, w_hh, h, c, bias), op)
 
 
 @impl("npu_lstm_cell_backward")
