@@ -260,3 +260,15 @@ def test_float32_npu_conv_matches_cpu():
     x, w = _rand(2, 3, 9, 9, seed=1, dtype=torch.float32), _rand(5, 3, 3, 3, seed=2, dtype=torch.float32)
     torch.testing.assert_close(torch_npu.npu_conv2d(x.npu(), w.npu(), None, [1, 1], [1, 1], [1, 1], 1).cpu(),
                                F.conv2d(x, w, None, 1, 1))
+
+
+def test_stft_backward_meta_only():
+    from torch_npu.op_plugin._registry import not_emulated_message
+    with FakeTensorMode():
+        x = torch.empty(2, 64)
+        g = torch.empty(2, 9, 5, dtype=torch.complex64)
+        out = torch.ops.npu.stft_backward(g, x, 16, 4)
+        assert out.shape == (2, 64) and out.dtype == torch.float32
+    with pytest.raises(NotImplementedError) as info:
+        torch.ops.npu.stft_backward(torch.zeros(2, 9, 5, dtype=torch.complex64), torch.zeros(2, 64), 16, 4)
+    assert str(info.value) == not_emulated_message("stft_backward")

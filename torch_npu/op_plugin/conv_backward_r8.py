@@ -13,6 +13,8 @@ These are the internal ops the real torch_npu's autograd formulas call (its
 * ``matmul_double_backward``: the gradients of ``matmul_backward(grad_out, self, other)`` =
   ``(grad_out @ other^T, self^T @ grad_out)``.
 * ``fft_c2r_backward`` / ``fft_r2c_backward``: PyTorch's formulas for ``_fft_c2r`` / ``_fft_r2c``.
+* ``stft_backward`` is not emulated (which framing the npu stft uses - centre padding, pad
+  mode - is not in its schema or docs); its Meta kernel gives the gradient's shape, ``self``'s.
 * ``npu_gather_backward``, ``npu_max_backward`` / ``npu_min_backward``,
   ``repeat_interleave_backward_*``, ``npu_renorm_backward``: the gradients of gather, max/min
   along a dim, repeat_interleave and renorm.
@@ -20,7 +22,7 @@ These are the internal ops the real torch_npu's autograd formulas call (its
 import torch
 
 from torch_npu.op_plugin._common import check
-from torch_npu.op_plugin._registry import impl
+from torch_npu.op_plugin._registry import impl, meta
 
 __all__ = []
 
@@ -349,3 +351,10 @@ def npu_renorm_backward(grad, self, p, dim, maxnorm):
     inner = (grad * x).sum(reduce_dims, keepdim=True)
     scaled = maxnorm * inv * grad - maxnorm * inv * inv * inner * dnorm
     return torch.where(norm > maxnorm, scaled, grad)
+
+
+@meta("stft_backward")
+def stft_backward_meta(grad_output, self, n_fft, hop_length=None, win_length=None, window=None,
+                       normalized=False, onesided=None, return_complex=None):
+    """The gradient of ``stft`` w.r.t. its real input has the input's shape and dtype."""
+    return torch.empty_like(self)
