@@ -559,3 +559,19 @@ def test_dense_tnd_needs_lengths():
 def test_sparse_errors(over, exc, text):
     with pytest.raises(exc, match=text):
         torch_npu.npu_sparse_lightning_indexer_grad_kl_loss(**_sparse_args(**over))
+
+
+def test_compiled_graph_computes_the_values():
+    """torch.compile traces the op through FakeTensor: the compiled graph must hold the real
+    computation (a shape-only fake path would bake zeros in), checked against the float64 loops."""
+    case = CASES[1]
+    gen = torch.Generator().manual_seed(8)
+    t_in, starts, kw = case_inputs(gen, case, torch.float32)
+    smax, ssum = (x.float() for x in consistent_main_stats(t_in, case[0], starts, 0.3, case[2]))
+    imax, isum = (x.float() for x in index_stats(t_in, case[0], starts))
+    op = torch.compile(torch_npu.npu_dense_lightning_indexer_grad_kl_loss, backend="aot_eager", fullgraph=True)
+    got = call(op, t_in, "cpu", smax, ssum, imax, isum, 0.3, **kw)
+    want = dense_reference(t_in, case[0], starts, smax, ssum, imax, isum, 0.3)
+    for g_, w_ in zip(got[:3], want[:3]):
+        assert_close(g_, w_, 1e-4, 1e-5)
+    assert abs(got[3].item() - want[3]) <= 1e-4 * abs(want[3]) + 1e-6

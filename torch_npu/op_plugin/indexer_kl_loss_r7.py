@@ -18,12 +18,15 @@ with h = n2 * G + g. Keys j of the dense op are every key of the batch that spar
 [.., N2index=1, topK] whose index is >= 0, < S2 and causal (other slots, e.g. the -1
 padding, take no part; a key chosen twice counts twice). Computed in float32 (float64 for
 float64 inputs); dS is rounded to the input dtype before its two matmuls, as in the golden.
+
+No data-dependent host reads (the lengths are host ints in the schema, the indices are masked
+on the device), so FakeTensor / meta / torch.compile trace the real computation: there is no
+shape-only shortcut that a compiled graph could bake in.
 """
 import torch
 
 from torch_npu.op_plugin._common import check, stat_dtype
 from torch_npu.op_plugin._registry import impl
-from torch_npu.op_plugin.comm_matmul import _symbolic
 
 __all__ = []
 
@@ -177,8 +180,6 @@ def npu_dense_lightning_indexer_grad_kl_loss(query, key, query_index, key_index,
     next_tokens = _MAX if next_tokens is None else next_tokens
     _check_common(op, query, key, query_index, key_index, weights, query_rope, key_rope, layout, sparse_mode,
                   pre_tokens, next_tokens)
-    if _symbolic(query) or _symbolic(key) or _symbolic(query_index):
-        return _outputs(query, query_index, key_index, weights)
     segments = _segments(op, layout, query, key, actual_seq_qlen, actual_seq_klen)
     n1, n2 = query.shape[-2], key.shape[-2]
     rows = query.shape[0] * query.shape[1] if layout == "BSND" else query.shape[0]
@@ -244,8 +245,6 @@ def npu_sparse_lightning_indexer_grad_kl_loss(query, key, query_index, key_index
     check(sparse_indices.dim() == query.dim() and tuple(sparse_indices.shape[:-2]) == tuple(query.shape[:-2])
           and sparse_indices.shape[-2] == 1, op, "sparse_indices must have shape %s, got %s"
           % (tuple(query.shape[:-2]) + (1, "topK"), tuple(sparse_indices.shape)))
-    if _symbolic(query) or _symbolic(key) or _symbolic(query_index) or _symbolic(sparse_indices):
-        return _outputs(query, query_index, key_index, weights)
     segments = _segments(op, layout, query, key, actual_seq_qlen, actual_seq_klen)
     n1, n2 = query.shape[-2], key.shape[-2]
     g = n1 // n2
