@@ -318,3 +318,44 @@ def test_kv_quant_sfa_fake_shapes_and_errors():
         call(q, key, key, idx[:, :1], 0.1, 2, 2, attention_mode=2)
     with pytest.raises(RuntimeError, match=r"sparse_block_size must be in \[1, 16\]"):
         call(q, key, key, idx, 0.1, 2, 2, attention_mode=2, sparse_block_size=32)
+
+
+def test_documented_shapes_paged_bsnd():
+    """The documented hardware shapes on a small scale: indexer N1 64 / N2 1 / D 128 int8 with a
+    PA_BSND cache of block_size 16; attention dn 512 (query D 576, key D 656) with block_size 16."""
+    g = gen(7)
+    b, s1, s2, bs = 2, 2, 24, 16
+    table = torch.tensor([[2, 0], [3, 1]], dtype=torch.int32)
+    act_k = [24, 17]
+
+    def logical(x, bi, n):
+        return torch.stack([x[int(table[bi, j // bs]), j % bs] for j in range(n)])
+
+    q, key = int8((b, s1, 64, 128), g), int8((4, bs, 1, 128), g)
+    w = (torch.rand((b, s1, 64), generator=g) * 0.01).half()
+    qs, ks = scales((b, s1, 64), g, torch.float16), scales((4, bs, 1), g, torch.float16)
+    out = torch_npu.npu_quant_lightning_indexer(
+        q.npu(), key.npu(), w.npu(), qs.npu(), ks.npu(), 0, 0,
+        actual_seq_lengths_key=torch.tensor(act_k, dtype=torch.int32).npu(), block_table=table.npu(),
+        layout_key="PA_BSND", sparse_count=20, sparse_mode=3).cpu()
+    assert out.shape == (b, s1, 1, 20)
+    ref = indexer_reference(list(q), [logical(key, i, act_k[i]) for i in range(b)], list(w), list(qs),
+                            [logical(ks, i, act_k[i]) for i in range(b)], [s1] * b, act_k, 20, True)
+    for i in range(b):
+        assert_topk(out[i], ref[i])
+
+    dn = 512
+    qry = torch.randn((b, s1, 8, dn + DR), generator=g).to(torch.bfloat16)
+    ckey, kn, kr, sc = combined_key((4, bs, 1), g, torch.bfloat16, dn)
+    assert ckey.shape[-1] == 656
+    idx = torch.stack([torch.randperm(act_k[i] - s1 + 1, generator=g)[:6] for i in range(b) for _ in range(s1)])
+    idx = idx.reshape(b, s1, 1, 6).to(torch.int32)
+    att = torch_npu.npu_kv_quant_sparse_flash_attention(
+        qry.npu(), ckey.npu(), ckey.npu(), idx.npu(), 0.0416, 2, 2, block_table=table.npu(),
+        actual_seq_lengths_kv=torch.tensor(act_k, dtype=torch.int32).npu(), layout_kv="PA_BSND",
+        attention_mode=2, quant_scale_repo_mode=1, tile_size=128, rope_head_dim=64).cpu()
+    assert att.shape == (b, s1, 8, dn) and att.dtype == torch.bfloat16
+    for i in range(b):
+        ref = sfa_reference(qry[i], logical(kn, i, act_k[i]), logical(kr, i, act_k[i]), logical(sc, i, act_k[i]),
+                            idx[i], 0.0416, 1, s1, act_k[i], True, torch.bfloat16)
+        torch.testing.assert_close(att[i].double(), ref, rtol=1.6e-2, atol=1.6e-2 * float(ref.abs().max()))
