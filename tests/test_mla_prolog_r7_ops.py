@@ -36,24 +36,27 @@ def quant_ref(row, smooth):
     return torch.round(scaled / scale), scale
 
 
-def reference(inp, eps_cq=1e-5, eps_ckv=1e-5, cache_mode="PA_BSND", quant=None):
-    """float64 loops over tokens; returns (query [T,N,Hckv], query_rope [T,N,Dr], kv_cache, kr_cache)."""
+def reference(inp, eps_cq=1e-5, eps_ckv=1e-5, cache_mode="PA_BSND", quant=None, qc=1.0, kc=1.0, with_cq=False):
+    """float64 loops over tokens; returns (query [T,N,Hckv], query_rope [T,N,Dr], kv_cache, kr_cache)
+    (+ c^Q [T, Hcq] with ``with_cq``); ``qc``/``kc`` are v3's qc_qr_scale / kc_scale."""
     f = {k: (v.double() if torch.is_tensor(v) and v.is_floating_point() else v) for k, v in inp.items()}
     x = f["token_x"].reshape(-1, HE).double()
     t = x.shape[0]
     cos, sin = f["rope_cos"].reshape(t, DR), f["rope_sin"].reshape(t, DR)
-    slots = inp["cache_index"].reshape(t)
+    slots = inp["cache_index"].reshape(t) if "cache_index" in inp else None
     kv, kr = f["kv_cache"].clone(), f["kr_cache"].clone()
     query = torch.zeros(t, N, HCKV, dtype=torch.float64)
     query_rope = torch.zeros(t, N, DR, dtype=torch.float64)
+    c_q = torch.zeros(t, HCQ, dtype=torch.float64)
     w_uq_qr = f["weight_uq_qr"].double()
     for i in range(t):
         cq = x[i] @ f["weight_dq"].double()
         ckr = x[i] @ f["weight_dkv_kr"].double()
         if quant == "full":
-            cq = cq * f["dequant_scale_x"][i, 0] * f["dequant_scale_w_dq"][0]
-            ckr = ckr * f["dequant_scale_x"][i, 0] * f["dequant_scale_w_dkv_kr"][0]
-        cq = rms_ref(cq, f["rmsnorm_gamma_cq"], eps_cq)
+            cq = cq * f["dequant_scale_x"].reshape(-1)[i] * f["dequant_scale_w_dq"][0]
+            ckr = ckr * f["dequant_scale_x"].reshape(-1)[i] * f["dequant_scale_w_dkv_kr"][0]
+        cq = qc * rms_ref(cq, f["rmsnorm_gamma_cq"], eps_cq)
+        c_q[i] = cq
         if quant is None:
             qall = cq @ w_uq_qr
         else:
@@ -64,10 +67,13 @@ def reference(inp, eps_cq=1e-5, eps_ckv=1e-5, cache_mode="PA_BSND", quant=None):
             seg = qall[h * (D + DR):(h + 1) * (D + DR)]
             query[i, h] = seg[:D] @ f["weight_uk"][h]
             query_rope[i, h] = rope_ref(seg[D:], cos[i], sin[i])
-        ckv = rms_ref(ckr[:HCKV], f["rmsnorm_gamma_ckv"], eps_ckv)
+        ckv = kc * rms_ref(ckr[:HCKV], f["rmsnorm_gamma_ckv"], eps_ckv)
         krope = rope_ref(ckr[HCKV:], cos[i], sin[i])
-        blk, row = int(slots[i]) // BLOCK_SIZE, int(slots[i]) % BLOCK_SIZE
         for cache, val in ((kv, ckv), (kr, krope)):
+            if cache_mode in ("BSND", "TND"):  # one row per token, in token order
+                cache.reshape(t, -1, val.numel())[i, :, :] = val
+                continue
+            blk, row = int(slots[i]) // BLOCK_SIZE, int(slots[i]) % BLOCK_SIZE
             if cache_mode == "PA_BSND":
                 cache[blk, row, :, :] = val
             else:  # NZ inside each block: 32-byte pieces, piece c of row r at c*BS*c0 + r*c0
@@ -76,7 +82,7 @@ def reference(inp, eps_cq=1e-5, eps_ckv=1e-5, cache_mode="PA_BSND", quant=None):
                 base = blk * BLOCK_SIZE * cache.shape[2] * cache.shape[3]
                 for e in range(val.numel()):
                     flat[base + (e // c0) * BLOCK_SIZE * c0 + row * c0 + e % c0] = val[e]
-    return query, query_rope, kv, kr
+    return (query, query_rope, kv, kr, c_q) if with_cq else (query, query_rope, kv, kr)
 
 
 def make_inputs(dtype, lead=(2, 3), gen=None, seed=0, int8_uqqr=False, full_quant=False):
@@ -263,3 +269,85 @@ def test_errors():
     full = make_inputs(torch.bfloat16, (2, 2), full_quant=True)
     with pytest.raises(RuntimeError, match="token_x must be bfloat16"):
         op(*[full[k] for k in POSITIONAL], dequant_scale_w_uq_qr=full["dequant_scale_w_uq_qr"])
+
+
+V3_POSITIONAL = [k for k in POSITIONAL if k != "cache_index"]
+
+
+def call_v3(fn, inp, device, **kwargs):
+    moved = {k: v.to(device) for k, v in inp.items()}
+    args = [moved.pop(k) for k in V3_POSITIONAL]
+    return fn(*args, **moved, **kwargs), args
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_v3_scales_and_query_norm(device):
+    inp = make_inputs(torch.bfloat16, (2, 3), seed=13)
+    (query, query_rope, deq_nope, query_norm, deq_norm), args = call_v3(
+        torch_npu.npu_mla_prolog_v3, inp, device, kc_scale=2.0, query_norm_flag=True)
+    q_ref, qr_ref, kv_ref, kr_ref, cq_ref = reference(inp, kc=2.0, with_cq=True)
+    assert deq_nope.shape == (0,) and deq_norm.shape == (0,) and query_rope.dtype == torch.bfloat16
+    assert query_norm.shape == (2, 3, HCQ) and query_norm.dtype == torch.bfloat16
+    assert_close(query_norm.reshape(-1, HCQ), cq_ref, TOL[torch.bfloat16])
+    assert_close(query.reshape(-1, N, HCKV), q_ref, TOL[torch.bfloat16])
+    assert_close(query_rope.reshape(-1, N, DR), qr_ref, TOL[torch.bfloat16])
+    assert_close(args[9], kv_ref, TOL[torch.bfloat16])  # kv_cache updated in place
+    assert_close(args[10], kr_ref, TOL[torch.bfloat16])
+    (query, query_rope, _, query_norm, _), _ = call_v3(torch_npu.npu_mla_prolog_v3, inp, device, qc_qr_scale=0.25)
+    q_ref, qr_ref, _, _ = reference(inp, qc=0.25)
+    assert query_norm.shape == (0,)
+    assert_close(query.reshape(-1, N, HCKV), q_ref, TOL[torch.bfloat16])
+    assert_close(query_rope.reshape(-1, N, DR), qr_ref, TOL[torch.bfloat16])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("cache_mode,lead", [("BSND", (2, 3)), ("TND", (5,))])
+def test_v3_token_ordered_caches(device, cache_mode, lead):
+    inp = make_inputs(torch.bfloat16, lead, seed=17)
+    del inp["cache_index"]
+    inp["kv_cache"] = torch.randn(*lead, 1, HCKV).bfloat16()
+    inp["kr_cache"] = torch.randn(*lead, 1, DR).bfloat16()
+    outs, args = call_v3(torch_npu.npu_mla_prolog_v3, inp, device, cache_mode=cache_mode)
+    _, _, kv_ref, kr_ref = reference(inp, cache_mode=cache_mode)
+    assert_close(args[9], kv_ref, TOL[torch.bfloat16])
+    assert_close(args[10], kr_ref, TOL[torch.bfloat16])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mode", [0, 1, 2])
+def test_v3_functional_leaves_inputs(device, mode):
+    inp = make_inputs(torch.bfloat16, (3, 2), seed=19, int8_uqqr=mode == 1, full_quant=mode == 2)
+    if mode == 2:
+        inp["dequant_scale_x"] = inp["dequant_scale_x"].reshape(-1)  # v3 also takes (T,)
+    outs, args = call_v3(torch_npu.npu_mla_prolog_v3_functional, inp, device, weight_quant_mode=mode,
+                         kc_scale=0.5)
+    assert len(outs) == 7
+    ref = reference(inp, quant={0: None, 1: "partial", 2: "full"}[mode], kc=0.5)
+    assert torch.equal(args[9].cpu(), inp["kv_cache"]) and torch.equal(args[10].cpu(), inp["kr_cache"])
+    assert_close(outs[0].reshape(-1, N, HCKV), ref[0], TOL[torch.bfloat16])
+    assert_close(outs[1].reshape(-1, N, DR), ref[1], TOL[torch.bfloat16])
+    assert_close(outs[5], ref[2], TOL[torch.bfloat16])
+    assert_close(outs[6], ref[3], TOL[torch.bfloat16])
+
+
+def test_v3_fake_and_errors():
+    with FakeTensorMode():
+        inp = make_inputs(torch.bfloat16, (4,))
+        outs = torch_npu.npu_mla_prolog_v3_functional(*[inp[k] for k in V3_POSITIONAL],
+                                                      cache_index=inp["cache_index"], query_norm_flag=True)
+        assert [tuple(o.shape) for o in outs] == [(4, N, HCKV), (4, N, DR), (0,), (4, HCQ), (0,),
+                                                  (BLOCK_NUM, BLOCK_SIZE, 1, HCKV), (BLOCK_NUM, BLOCK_SIZE, 1, DR)]
+    inp = make_inputs(torch.bfloat16, (2, 2))
+    args = [inp[k] for k in V3_POSITIONAL]
+    op = torch_npu.npu_mla_prolog_v3
+    for kwargs, text in (({"kv_cache_quant_mode": 1}, "kv_cache_quant_mode"),
+                         ({"cache_mode": "PA_BLK_BSND"}, "PA_BLK_BSND"),
+                         ({"token_x_dtype": 27}, "token_x_dtype"),
+                         ({"weight_quant_mode": 3}, "weight_quant_mode=3"),
+                         ({"query_norm_flag": True, "qc_qr_scale": 2.0}, "qc_qr_scale")):
+        with pytest.raises(NotImplementedError, match=text):
+            op(*args, cache_index=inp["cache_index"], **kwargs)
+    with pytest.raises(RuntimeError, match="weight_quant_mode=1 needs int8"):
+        op(*args, cache_index=inp["cache_index"], weight_quant_mode=1)
+    with pytest.raises(RuntimeError, match="cache_index is required"):
+        op(*args)
