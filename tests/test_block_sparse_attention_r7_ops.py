@@ -149,8 +149,20 @@ def test_actual_lengths_bsnd_padding_ignored(device):
     torch.testing.assert_close(out.cpu().double(), ro, atol=2e-5, rtol=1e-5)
     torch.testing.assert_close(lse.cpu().double(), rl, atol=2e-5, rtol=1e-5)
     assert (out[1, 10:] == 0).all() and (lse[1, 10:] == EMPTY_LSE).all()
-    # the mask may also be sized by the longest actual lengths: ceil(24/8) x ceil(300/128) here, same
-    assert out.abs().max() < 10
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_mask_sized_by_longest_actual_lengths(device):
+    """BNSD with lengths: qBlockNum/kvBlockNum may come from max(actual lengths) instead of S."""
+    b, n, s1, s2, d, block = 2, 2, 40, 300, 64, [8, 128]
+    q, k, v = rand((b, n, s1, d), seed=50), rand((b, n, s2, d), seed=51), rand((b, n, s2, d), seed=52)
+    q_lens, kv_lens = [20, 12], [130, 140]
+    mask = rand_mask((b, n, 3, 2), seed=53)  # ceil(20/8) x ceil(140/128), not ceil(40/8) x ceil(300/128)
+    out, lse = call(*to(device, q, k, v, mask), block, "BNSD", n, 0.125, actual_seq_lengths=q_lens,
+                    actual_seq_lengths_kv=kv_lens, softmax_lse_flag=1)
+    ro, rl = reference(q, k, v, mask, block, 0.125, "BNSD", q_lens, kv_lens)
+    torch.testing.assert_close(out.cpu().double(), ro, atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(lse.cpu().double(), rl, atol=2e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -168,13 +180,13 @@ def test_default_scale_zero_and_lse_flag_off(device):
 
 
 def test_fake_and_meta_shapes():
-    for make in (lambda t: t.to("meta"),):
-        q, k, v = make(torch.empty(30, 4, 64, dtype=torch.float16)), make(torch.empty(300, 2, 64, dtype=torch.float16)), \
-            make(torch.empty(300, 2, 64, dtype=torch.float16))
-        mask = make(torch.ones(2, 4, 2, 2, dtype=torch.int8))
-        out, lse = call(q, k, v, mask, [16, 128], "TND", 2, 0.1, actual_seq_lengths=[10, 20],
-                        actual_seq_lengths_kv=[150, 150], softmax_lse_flag=1)
-        assert out.shape == (30, 4, 64) and out.dtype == torch.float16 and lse.shape == (30, 4, 1)
+    q = torch.empty(30, 4, 64, dtype=torch.float16, device="meta")
+    k = torch.empty(300, 2, 64, dtype=torch.float16, device="meta")
+    mask = torch.ones(2, 4, 2, 2, dtype=torch.int8, device="meta")
+    out, lse = call(q, k, k, mask, [16, 128], "TND", 2, 0.1, actual_seq_lengths=[10, 20],
+                    actual_seq_lengths_kv=[150, 150], softmax_lse_flag=1)
+    assert out.shape == (30, 4, 64) and out.dtype == torch.float16 and out.device.type == "meta"
+    assert lse.shape == (30, 4, 1) and lse.dtype == torch.float32
     with FakeTensorMode():
         q = torch.empty(2, 4, 40, 128, dtype=torch.bfloat16)
         k = torch.empty(2, 1, 256, 128, dtype=torch.bfloat16)
@@ -238,6 +250,15 @@ def test_explicit_backward_with_reference_lse():
         scale_value=0.2)
     for g, r in zip(got, ref_grads):
         torch.testing.assert_close(g.cpu().double(), r, atol=3e-5, rtol=1e-5)
+    # block_shape None is the adapter's default [128, 128]
+    mask = rand_mask((2, 2, 1, 2), seed=31)
+    ro, rl = reference(*leaves, mask, [128, 128], 0.2, "BNSD")
+    ref_grads = torch.autograd.grad(ro, leaves, dout.double())
+    got = torch_npu.npu_block_sparse_attention_backward(
+        dout, q, k, v, ro.detach().float(), rl.detach().float(), mask, None, None, None,
+        q_input_layout="BNSD", kv_input_layout="BNSD", num_key_value_heads=2, scale_value=0.2)
+    for g, r in zip(got, ref_grads):
+        torch.testing.assert_close(g.double(), r, atol=3e-5, rtol=1e-5)
 
 
 def test_gradcheck_float64():

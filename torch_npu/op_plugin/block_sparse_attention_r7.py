@@ -251,8 +251,13 @@ def _check_heads(op, n1, n2, num_key_value_heads):
 def npu_block_sparse_attention(query, key, value, block_sparse_mask, block_shape, *, q_input_layout="TND",
                                kv_input_layout="TND", num_key_value_heads=1, scale_value=0.0, inner_precise=1,
                                actual_seq_lengths=None, actual_seq_lengths_kv=None, softmax_lse_flag=0):
-    """Block-sparse attention (see the module docstring). Returns ``(attention_out`` shaped and
-    typed like query, ``softmax_lse`` float32 [T, N, 1] / [B, N, S, 1] / [B, S, N, 1]``)``."""
+    """Block-sparse attention ``softmax(scale_value * q k^T) @ v`` over the key rows j whose
+    ``block_sparse_mask[b, n, i // block_x, j // block_y]`` is nonzero (rows counted per batch;
+    key/value head ``n // (N1 / N2)``; ``scale_value`` used as given). Layouts TND (per-batch
+    ``actual_seq_lengths(_kv)``, required), BNSD, BSND. Returns ``(attention_out`` like query,
+    ``softmax_lse`` float32 [T, N, 1] / [B, N, S, 1] / [B, S, N, 1], zeros when
+    ``softmax_lse_flag`` is 0``)``; rows that keep no key give 0 and lse -1e10. float16/bfloat16
+    are computed in float32 (inner_precise 0 and 1); autograd as npu_block_sparse_attention_backward."""
     op = _FWD
     _check_qkv(op, query, key, value)
     if query.dtype == torch.bfloat16:
