@@ -575,3 +575,18 @@ def test_compiled_graph_computes_the_values():
     for g_, w_ in zip(got[:3], want[:3]):
         assert_close(g_, w_, 1e-4, 1e-5)
     assert abs(got[3].item() - want[3]) <= 1e-4 * abs(want[3]) + 1e-6
+
+
+def test_dense_float32_weights_with_half_inputs():
+    """The dense docs allow float32 weights with float16/bfloat16 tensors; d_weights follows weights."""
+    case = CASES[0]
+    gen = torch.Generator().manual_seed(9)
+    t_in, starts, kw = case_inputs(gen, case, torch.float16)
+    t_in["weights"] = t_in["weights"].float()
+    smax, ssum = (x.float() for x in consistent_main_stats(t_in, case[0], starts, 0.3, case[2]))
+    imax, isum = (x.float() for x in index_stats(t_in, case[0], starts))
+    got = call(torch_npu.npu_dense_lightning_indexer_grad_kl_loss, t_in, "npu", smax, ssum, imax, isum, 0.3, **kw)
+    want = dense_reference(t_in, case[0], starts, smax, ssum, imax, isum, 0.3)
+    assert [g_.dtype for g_ in got] == [torch.float16, torch.float16, torch.float32, torch.float32]
+    for g_, w_ in zip(got[:3], want[:3]):
+        assert_close(g_, w_, 2e-2, 2e-2)
