@@ -365,19 +365,82 @@ def test_multihead_attention_helpers():
     assert m.apply_sparse_mask("w", 1, 1, 1) == "w"
 
 
-# ---------------------------------------------------------------- modules over ops not emulated yet
+# ---------------------------------------------------------------- modules over ops emulated in later rounds
 
-def test_modules_over_not_emulated_ops_raise():
+def test_psroipool_checks_its_arguments():
     # PSROIPool runs since npu_ps_roi_pooling is emulated: tests/test_vision_quant_r5_ops.py checks its forward.
     with pytest.raises(ValueError, match="pooled_height == pooled_width == group_size"):
         contrib.PSROIPool(7, 6, 1 / 16., 7, 22)
     # QuantConv2d runs since npu_quant_conv2d is emulated: tests/test_vision_quant_r5_ops.py checks its forward.
-    dcn = contrib.ModulatedDeformConv(4, 6, 3, padding=1)
+
+
+def _ref_modulated_deform_conv(x, offset, mask, weight, bias, stride, padding, dilation, dg):
+    """DCNv2 in float64 with mmcv's layout: offset channel 2*(g*K + k) is dy, 2*(g*K + k) + 1 is dx for
+    tap k = i*kw + j; mask [N, dg*K, Ho, Wo] multiplies each sample. Sampling by F.grid_sample
+    (bilinear, zeros outside), the taps contracted with the weight by einsum (groups=1)."""
+    n, c, h, w = x.shape
+    cout, _, kh, kw = weight.shape
+    ho, wo = offset.shape[2:]
+    k = kh * kw
+    off = offset.view(n, dg, k, 2, ho, wo)
+    tap_i = torch.arange(kh, dtype=x.dtype).repeat_interleave(kw).view(1, 1, k, 1, 1)
+    tap_j = torch.arange(kw, dtype=x.dtype).repeat(kh).view(1, 1, k, 1, 1)
+    y = (torch.arange(ho, dtype=x.dtype) * stride - padding).view(1, 1, 1, ho, 1) + tap_i * dilation + off[:, :, :, 0]
+    xx = (torch.arange(wo, dtype=x.dtype) * stride - padding).view(1, 1, 1, 1, wo) + tap_j * dilation + off[:, :, :, 1]
+    grid = torch.stack([(2 * xx + 1) / w - 1, (2 * y + 1) / h - 1], -1)  # align_corners=False pixel centres
+    sampled = TF.grid_sample(x.reshape(n * dg, c // dg, h, w), grid.view(n * dg, k * ho, wo, 2),
+                             mode="bilinear", padding_mode="zeros", align_corners=False)
+    sampled = sampled.view(n, dg, c // dg, k, ho, wo) * mask.view(n, dg, 1, k, ho, wo)
+    out = torch.einsum("ngckhw,ogck->nohw", sampled, weight.reshape(cout, dg, c // dg, k))
+    return out + bias.view(1, -1, 1, 1)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_modulated_deform_conv_unpacked_forward_backward(device):
+    torch.manual_seed(0)
+    dcn = contrib.ModulatedDeformConv(4, 3, 3, stride=1, padding=1, deformable_groups=2, pack=False)
+    with torch.no_grad():
+        dcn.bias.uniform_(-1, 1)
+    x = torch.randn(2, 4, 5, 6)
+    offset = torch.rand(2, 2 * 2 * 9, 5, 6) * 5 - 2.5
+    mask = torch.rand(2, 2 * 9, 5, 6)
+    r = torch.randn(2, 3, 5, 6)
+    leaves = [_leaf(t, device) for t in (x, offset, mask)]
+    dcn = dcn.to(device)
+    out = dcn(tuple(leaves))
+    (out * r.to(device)).sum().backward()
+    ref_leaves = [t.double().requires_grad_() for t in (x, offset, mask, dcn.weight.detach().cpu(),
+                                                          dcn.bias.detach().cpu())]
+    ref = _ref_modulated_deform_conv(*ref_leaves, stride=1, padding=1, dilation=1, dg=2)
+    (ref * r.double()).sum().backward()
+    assert out.device.type == device and out.dtype == torch.float32
+    torch.testing.assert_close(out.detach().cpu().double(), ref.detach(), rtol=1e-4, atol=1e-4)
+    got = [t.grad for t in leaves] + [dcn.weight.grad, dcn.bias.grad]
+    for name, g, e in zip(("x", "offset", "mask", "weight", "bias"), got, ref_leaves):
+        torch.testing.assert_close(g.cpu().double(), e.grad, rtol=1e-4, atol=1e-4,
+                                   msg=lambda m: "grad %s: %s" % (name, m))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_modulated_deform_conv_packed_starts_as_half_a_conv(device):
+    torch.manual_seed(1)
+    dcn = contrib.ModulatedDeformConv(4, 6, 3, stride=2, padding=1)
     bound = 1 / math.sqrt(4 * 9)
     assert dcn.weight.abs().max() <= bound and torch.all(dcn.bias == 0)
     assert torch.all(dcn.conv_offset.weight == 0) and dcn.conv_offset.out_channels == 27
-    with pytest.raises(NotImplementedError, match="npu_deformable_conv2d"):
-        dcn(torch.randn(1, 4, 5, 5))
+    with torch.no_grad():
+        dcn.bias.uniform_(-1, 1)
+    x = torch.randn(2, 4, 7, 6)
+    # zero-initialised conv_offset: offsets 0 and mask sigmoid(0) = 0.5, so out = 0.5 * conv + bias
+    expected = 0.5 * TF.conv2d(x, dcn.weight.detach(), stride=2, padding=1) + dcn.bias.detach().view(1, -1, 1, 1)
+    dcn = dcn.to(device)
+    xd = _leaf(x, device)
+    out = dcn(xd)
+    torch.testing.assert_close(out.detach().cpu(), expected, rtol=1e-5, atol=1e-5)
+    out.sum().backward()
+    # the offset branch gets a gradient through the op's offset/mask gradient
+    assert dcn.conv_offset.weight.grad is not None and dcn.conv_offset.weight.grad.abs().sum() > 0
+    assert xd.grad is not None and xd.grad.shape == xd.shape
 
 
 def test_lazy_exports():

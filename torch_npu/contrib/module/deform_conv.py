@@ -1,8 +1,10 @@
 """Modulated deformable convolution (DCNv2, mmcv's ModulatedDeformConv2dPack) on
-``npu_deformable_conv2d``.
+``npu_deformable_conv2d`` (forward) and ``npu_deformable_conv2dbk`` (backward).
 
-``npu_deformable_conv2d`` is not emulated yet, so the forward raises its NotImplementedError;
-the module's parameters, ``init_param`` and the offset/mask branch (``pack=True``) are real.
+mmcv's offset interleaves (dy, dx) per kernel tap; the npu op wants all dx, then all dy, then the
+mask (see torch_npu/op_plugin/deformable_conv2d_r7.py), hence the ``sort_index_for_npu_*`` permutations.
+As in torch_npu the op's kernel_size is passed as [weight.shape[3], weight.shape[2]], so only square
+kernels are accepted (the op rejects a kernel_size that differs from the weight's [kh, kw]).
 """
 import math
 
@@ -23,17 +25,29 @@ class ModulatedDeformConv2dFunction(torch.autograd.Function):
         offset = offset_ori.index_select(1, sort_index_for_npu_fp) if sort_index_for_npu_fp is not None \
             else offset_ori
         offset_all = torch.cat([offset, mask], dim=1)
-        output, _ = torch_npu.npu_deformable_conv2d(
-            input_tensor, weight, offset_all, bias if with_bias else None,
+        ctx.conv_args = dict(
             kernel_size=[weight.shape[3], weight.shape[2]], stride=[1, 1, stride, stride],
             padding=[padding, padding, padding, padding], dilation=[1, 1, dilation, dilation],
             groups=groups, deformable_groups=deformable_groups, modulated=True)
+        ctx.with_bias = with_bias
+        ctx.sort_index_for_npu_bp = sort_index_for_npu_bp
+        output, offset_out = torch_npu.npu_deformable_conv2d(
+            input_tensor, weight, offset_all, bias if with_bias else None, **ctx.conv_args)
+        ctx.save_for_backward(input_tensor, weight, offset_out, offset_all)
         return output
 
     @staticmethod
     def backward(ctx, grad_output):
-        raise NotImplementedError("ModulatedDeformConv2dFunction.backward: npu_deformable_conv2dbk is not "
-                                  "emulated on the CPU-emulated NPU")
+        input_tensor, weight, offset_out, offset_all = ctx.saved_tensors
+        grad_input, grad_weight, grad_offset_all, grad_bias = torch_npu.npu_deformable_conv2dbk(
+            input_tensor, grad_output, offset_out, weight, offset_all, **ctx.conv_args)
+        split = grad_offset_all.shape[1] * 2 // 3
+        # Back to mmcv's interleaved (dy, dx) order; the mask gradient is the last third.
+        grad_offset = grad_offset_all.index_select(1, ctx.sort_index_for_npu_bp) \
+            if ctx.sort_index_for_npu_bp is not None else grad_offset_all[:, :split]
+        grad_mask = grad_offset_all[:, split:]
+        return (grad_input, grad_offset, grad_mask, grad_weight, grad_bias if ctx.with_bias else None,
+                None, None, None, None, None, None, None, None)
 
 
 class ModulatedDeformConv(nn.Module):
