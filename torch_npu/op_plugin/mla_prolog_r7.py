@@ -1,4 +1,4 @@
-"""npu_mla_prolog / npu_mla_prolog_v2: the pre-processing of DeepSeek's multi-head latent attention.
+"""npu_mla_prolog, _v2, _v3, _v3_functional: the pre-processing of DeepSeek's multi-head latent attention.
 
 Documented formula (torch_npu docs, aclnnMlaProlog docs and design note, op-plugin goldens),
 per token t (B and S are flattened to T = B*S):
@@ -39,6 +39,18 @@ int8 ``kv_cache``/``kr_cache`` (quantised cache output, and v2's dynamically qua
 with ``dequant_scale_q_nope`` (T, N, 1)) raise NotImplementedError: the per-channel cache
 quantisation is not fully stated for these ops. v2's ``dequant_scale_q_nope`` is then the (1,)
 float32 tensor the op allocates and does not write; it is returned as zeros here.
+
+v3 (docs of torch_npu.npu_mla_prolog_v3 and aclnnMlaPrologV3WeightNz): ``c^Q = qc_qr_scale *
+RmsNorm(..)`` (so both query and query_rope scale) and ``c^KV = kc_scale * RmsNorm(..)``;
+``cache_mode`` "BSND"/"TND" take caches shaped like the tokens (B, S, Nkv, Hckv) / (T, Nkv, Hckv),
+one row per token and no cache_index; ``weight_quant_mode`` 0/1/2 select the non-quant / partial /
+full scenarios above (checked against the dtypes). ``query_norm`` is c^Q as fed to the W^UQ_QR
+matmul (weight_uq_qr's dtype) with ``query_norm_flag``; dequant_scale_q_nope / dequant_scale_q_norm
+are the (0,) tensors of these scenarios. ``_functional`` writes into copies of the caches and
+returns them as outputs 6 and 7. NotImplementedError: kv_cache_quant_mode / query_quant_mode /
+ckvkr_repo_mode / quant_scale_repo_mode other than 0, weight_quant_mode 3, PA_BLK_* cache modes,
+actual_seq_len, k_nope_clip_alpha, the ``*_dtype`` arguments, and query_norm together with
+quantisation or a qc_qr_scale other than 1 (the docs do not say what it holds then).
 """
 import math
 
