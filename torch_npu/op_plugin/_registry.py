@@ -33,6 +33,8 @@ IMPLEMENTED = {}
 NOT_EMULATED = []
 # name -> Meta kernel (output shapes/dtypes only) of an overload that is not emulated.
 META = {}
+# names of emulated overloads registered opaque (CPU/npu kernels + fake kernel), see opaque().
+OPAQUE = set()
 
 _LIB = None
 
@@ -73,6 +75,32 @@ def impl(name):
             raise RuntimeError("npu::%s is implemented twice" % name)
         _library().impl(name, fn, "CompositeImplicitAutograd")
         IMPLEMENTED[name] = fn
+        return fn
+    return register
+
+
+def opaque(name, fake):
+    """Decorator: register ``fn`` as the CPU and PrivateUse1 (npu) kernel of ``npu::<name>`` and
+    ``fake`` as its FakeTensor/Meta kernel, for an op whose result depends on tensor *values* in a
+    way ATen ops cannot trace (host reads such as NMS selections, data-dependent output sizes,
+    collectives). A CompositeImplicitAutograd kernel would be decomposed under ``torch.compile``
+    and whatever it computes on FakeTensors baked into the graph; an opaque op stays one node of
+    the graph and runs ``fn`` on the real tensors. ``fake`` returns outputs of the right shape
+    and dtype (``torch.library.get_ctx().new_dynamic_size()`` for data-dependent sizes). No
+    autograd: the op must not need a backward (or register one with ``torch.library.register_autograd``)."""
+    def register(fn):
+        if name not in DEFINED:
+            raise RuntimeError("npu::%s has no schema to implement (%s)" % (name, FAILED.get(name, "unknown op")))
+        if name in IMPLEMENTED:
+            raise RuntimeError("npu::%s is implemented twice" % name)
+        lib = _library()
+        lib.impl(name, fn, "CPU")
+        lib.impl(name, fn, "PrivateUse1")
+        if not DEFINED[name][3]:
+            lib.impl(name, fn, "BackendSelect")
+        torch.library.register_fake("%s::%s" % (NAMESPACE, name), fake, lib=lib)
+        IMPLEMENTED[name] = fn
+        OPAQUE.add(name)
         return fn
     return register
 
