@@ -315,16 +315,3 @@ def test_mhc_post_grad_errors_fake():
                                                torch.empty(2, 3, 4, 4), torch.empty(2, 3, 64, dtype=torch.bfloat16),
                                                torch.empty(2, 3, 4))
     assert [tuple(o.shape) for o in outs] == [(2, 3, 4, 64), (2, 3, 4, 4), (2, 3, 64), (2, 3, 4)]
-
-
-# ---------------------------------------------------------------- still not emulated
-
-@pytest.mark.parametrize("name", ["npu_mla_prolog", "npu_mla_prolog_v2", "npu_block_sparse_attention",
-                                  "npu_quant_lightning_indexer", "npu_kv_quant_sparse_flash_attention",
-                                  "npu_dense_lightning_indexer_grad_kl_loss",
-                                  "npu_sparse_lightning_indexer_grad_kl_loss", "npu_fused_causal_conv1d"])
-def test_not_emulated_ops_raise(name):
-    from torch_npu.op_plugin import _registry
-    assert name in _registry.NOT_EMULATED
-    with pytest.raises(NotImplementedError, match=name):
-        _registry._raising_kernel(name)()
