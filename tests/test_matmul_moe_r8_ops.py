@@ -1,0 +1,383 @@
+"""Round 8: matmul / communication-matmul / MoE ops.
+
+Emulated ops are checked against float64 loops written here from the documented formulas, on CPU
+and npu tensors, in float32 and the documented low-precision dtypes; the not-emulated ones against
+the output shapes/dtypes the docs give (FakeTensorMode), and their real calls must still raise
+NotImplementedError naming the op.
+"""
+import pytest
+import torch
+import torch_npu  # noqa: F401
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from torch_npu.op_plugin._registry import IMPLEMENTED, META, not_emulated_message
+
+npu = torch.ops.npu
+DEVICES = ["cpu", "npu"]
+
+
+def _perm(t, k, e, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, e, (t, k), generator=g)
+
+
+def _sorted_indices(indices):
+    """destination row of each flattened (token, k) slot: rank of the slot in a stable sort by expert."""
+    flat = indices.reshape(-1).tolist()
+    order = sorted(range(len(flat)), key=lambda i: (flat[i], i))
+    dest = [0] * len(flat)
+    for d, i in enumerate(order):
+        dest[i] = d
+    return torch.tensor(dest, dtype=torch.int32)
+
+
+# ----------------------------------------------------------------- permute / unpermute grads
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.float16, 2e-3), (torch.bfloat16, 2e-2)])
+def test_permute_grad_matches_loop(device, dtype, tol):
+    t, k, h, e = 6, 3, 5, 4
+    indices = _perm(t, k, e)
+    sorted_idx = _sorted_indices(indices)
+    drop = 15                                           # num_out_tokens < t * k: last rows dropped
+    grad_perm = torch.randn(drop, h, dtype=torch.float64)
+    tokens = torch.randn(t, h).to(dtype)
+    expected = torch.zeros(t, h, dtype=torch.float64)
+    for i in range(t):
+        for j in range(k):
+            d = int(sorted_idx[i * k + j])
+            if d < drop:
+                expected[i] += grad_perm[d].to(dtype).double()
+    out = npu.npu_moe_token_permute_grad(tokens.to(device), grad_perm.to(dtype).to(device), indices.to(device),
+                                         sorted_idx.to(device))
+    assert out.device.type == device and out.dtype == dtype and out.shape == (t, h)
+    torch.testing.assert_close(out.cpu().double(), expected, atol=tol * 4, rtol=tol)
+    out2 = npu.npu_moe_token_permute_grad_v2(grad_perm.to(dtype).to(device), sorted_idx.to(device), t, dtype, k)
+    torch.testing.assert_close(out2.cpu().double(), expected, atol=tol * 4, rtol=tol)
+
+
+def test_permute_grad_is_the_adjoint_of_the_emulated_permute():
+    t, k, h = 5, 2, 3
+    tokens = torch.randn(t, h, dtype=torch.float64, requires_grad=True)
+    indices = _perm(t, k, 3, seed=1)
+    permuted, sorted_idx = torch_npu.npu_moe_token_permute(tokens, indices)
+    g = torch.randn_like(permuted)
+    (auto,) = torch.autograd.grad(permuted, tokens, g)
+    out = npu.npu_moe_token_permute_grad(tokens.detach(), g, indices, sorted_idx)
+    torch.testing.assert_close(out, auto)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.float16, 2e-3), (torch.bfloat16, 2e-2)])
+def test_unpermute_grad_matches_loop(device, dtype, tol):
+    t, k, h = 4, 2, 6
+    indices = _perm(t, k, 3, seed=2)
+    sorted_idx = _sorted_indices(indices)
+    rows = 7                                            # one destination dropped
+    permuted = torch.randn(rows, h).to(dtype)
+    grad_unp = torch.randn(t, h).to(dtype)
+    probs = torch.rand(t, k).to(dtype)
+    exp_perm = torch.zeros(rows, h, dtype=torch.float64)
+    exp_probs = torch.zeros(t, k, dtype=torch.float64)
+    for i in range(t):
+        for j in range(k):
+            d = int(sorted_idx[i * k + j])
+            if d < rows:
+                exp_perm[d] += grad_unp[i].double() * probs[i, j].double()
+                exp_probs[i, j] = (permuted[d].double() * grad_unp[i].double()).sum()
+    args = [x.to(device) for x in (permuted, grad_unp, sorted_idx, probs)]
+    gp, gprobs = npu.npu_moe_token_unpermute_grad(*args)
+    assert gp.dtype == dtype and gp.shape == (rows, h) and gprobs.shape == (t, k) and gp.device.type == device
+    torch.testing.assert_close(gp.cpu().double(), exp_perm, atol=tol * 8, rtol=tol)
+    torch.testing.assert_close(gprobs.cpu().double(), exp_probs, atol=tol * 16, rtol=tol * 2)
+    gp2, gprobs2 = npu.npu_moe_token_unpermute_grad_v2(args[1], args[2], rows, dtype, probs=args[3],
+                                                       permuted_tokens=args[0])
+    torch.testing.assert_close(gp2.cpu().double(), exp_perm, atol=tol * 8, rtol=tol)
+    torch.testing.assert_close(gprobs2.cpu().double(), exp_probs, atol=tol * 16, rtol=tol * 2)
+
+
+def test_unpermute_grad_without_probs_and_unpermute_pair():
+    t, h = 6, 3
+    indices = _perm(t, 1, 4, seed=3)
+    sorted_idx = _sorted_indices(indices)
+    permuted = torch.randn(t, h)
+    grad_unp = torch.randn(t, h)
+    gp, gprobs = npu.npu_moe_token_unpermute_grad(permuted, grad_unp, sorted_idx)
+    assert gprobs is None
+    expected = torch.zeros(t, h)
+    for i in range(t):
+        expected[int(sorted_idx[i])] = grad_unp[i]
+    torch.testing.assert_close(gp, expected)
+    out, saved = npu._npu_moe_token_unpermute(permuted.npu(), sorted_idx.npu())
+    torch.testing.assert_close(out.cpu(), permuted[sorted_idx.long()])
+    torch.testing.assert_close(saved.cpu(), permuted)
+    assert saved.data_ptr() != permuted.data_ptr()
+
+
+def test_token_grad_errors():
+    t = torch.randn(4, 2)
+    idx = torch.arange(4, dtype=torch.int32)
+    with pytest.raises(NotImplementedError, match="padded_mode=True"):
+        npu.npu_moe_token_permute_grad(t, t, idx, idx, True)
+    with pytest.raises(NotImplementedError, match="probs=None"):
+        npu.npu_moe_token_unpermute_grad_v2(t, idx, 4, torch.float32)
+    with pytest.raises(RuntimeError, match="sorted_indices has 3 elements"):
+        npu.npu_moe_token_permute_grad_v2(t, idx[:3], 4, torch.float32, 1)
+
+
+def test_token_grads_fake_shapes():
+    with FakeTensorMode():
+        gp = torch.empty(10, 8, dtype=torch.bfloat16)
+        si = torch.empty(12, dtype=torch.int32)
+        out = npu.npu_moe_token_permute_grad_v2(gp, si, 6, torch.bfloat16, 2)
+        assert out.shape == (6, 8) and out.dtype == torch.bfloat16
+        a, b = npu.npu_moe_token_unpermute_grad(torch.empty(10, 8), torch.empty(6, 8), si,
+                                                torch.empty(6, 2))
+        assert a.shape == (10, 8) and b.shape == (6, 2)
+
+
+# ----------------------------------------------------------------- grouped matmul add
+
+def _gmm_add_loop(y, x, w, ends):
+    out = y.double().clone()
+    start = 0
+    for g, end in enumerate(ends):
+        for kk in range(start, end):
+            out[g] += torch.outer(x[kk].double(), w[kk].double())
+        start = end
+    return out
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("group_list_type", [0, 1])
+def test_grouped_matmul_add(device, dtype, group_list_type):
+    g, m, n, k = 3, 4, 5, 11
+    y = torch.randn(g, m, n)
+    x = torch.randn(k, m).to(dtype)
+    w = torch.randn(k, n).to(dtype)
+    ends = [2, 2, 9]                                    # an empty group; K rows 9, 10 unused
+    gl = torch.tensor(ends if group_list_type == 0 else [2, 0, 7], dtype=torch.int64)
+    expected = _gmm_add_loop(y, x, w, ends)
+    out = npu.npu_grouped_matmul_add(y.to(device), x.to(device), w.to(device), gl.to(device),
+                                     group_list_type=group_list_type)
+    torch.testing.assert_close(out.cpu().double(), expected, atol=1e-4, rtol=1e-5)
+    target = y.clone().to(device)
+    ret = torch_npu.npu_grouped_matmul_add_(target, x.to(device), w.to(device), gl.to(device),
+                                            group_list_type=group_list_type)
+    assert ret is target
+    torch.testing.assert_close(target.cpu().double(), expected, atol=1e-4, rtol=1e-5)
+
+
+def test_grouped_matmul_add_fake_and_errors():
+    with FakeTensorMode():
+        out = npu.npu_grouped_matmul_add(torch.empty(2, 3, 4), torch.empty(8, 3, dtype=torch.float16),
+                                         torch.empty(8, 4, dtype=torch.float16), torch.empty(2, dtype=torch.int64))
+        assert out.shape == (2, 3, 4) and out.dtype == torch.float32
+    y, x, w = torch.zeros(2, 3, 4), torch.zeros(8, 3, dtype=torch.float16), torch.zeros(8, 4, dtype=torch.float16)
+    gl = torch.tensor([4, 8])
+    with pytest.raises(NotImplementedError, match="transpose_x=False"):
+        npu.npu_grouped_matmul_add(y, x, w, gl, transpose_x=False)
+    with pytest.raises(NotImplementedError, match="group_type=0"):
+        npu.npu_grouped_matmul_add(y, x, w, gl, group_type=0)
+    with pytest.raises(RuntimeError, match="self must be"):
+        npu.npu_grouped_matmul_add(torch.zeros(2, 4, 3), x, w, gl)
+
+
+# ----------------------------------------------------------------- fused cross entropy with max/sum
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("logits_dtype,tol", [(torch.float32, 1e-6), (torch.float16, 1e-3), (torch.bfloat16, 1e-2)])
+def test_fused_cross_entropy_loss_with_max_sum(device, logits_dtype, tol):
+    b, v = 5, 7
+    logits = torch.randn(b, v).to(logits_dtype)
+    ref = logits.double()
+    mx = ref.max(-1).values
+    sum_exp = torch.exp(ref - mx[:, None]).sum(-1)
+    target = torch.tensor([0, 3, 6, 2, 1])
+    predicted = ref[torch.arange(b), target] - mx
+    args = [t.float().to(device) for t in (mx, sum_exp, predicted)]
+    loss, softmax = npu.npu_fused_cross_entropy_loss_with_max_sum(*args, vocab_parallel_logits=logits.to(device))
+    # loss = log(sum exp(l - max)) - (l[target] - max) = cross entropy of the row
+    expected_loss = torch.nn.functional.cross_entropy(ref, target, reduction="none")
+    assert loss.dtype == torch.float32 and softmax.dtype == torch.float32 and softmax.shape == (b, v)
+    torch.testing.assert_close(loss.cpu().double(), expected_loss, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(softmax.cpu().double(), torch.softmax(ref, -1), atol=1e-6, rtol=1e-5)
+    loss2, none = npu.npu_fused_cross_entropy_loss_with_max_sum(*args)
+    assert none is None
+    torch.testing.assert_close(loss2, loss)
+    with pytest.raises(NotImplementedError, match="label_smoothing"):
+        npu.npu_fused_cross_entropy_loss_with_max_sum(*args, label_smoothing=0.1)
+
+
+# ----------------------------------------------------------------- Meta kernels of not-emulated ops
+
+def E(*shape, dtype=torch.float16):
+    return torch.empty(shape, dtype=dtype)
+
+
+I8, I32, I64, F32, BF16, U8 = torch.int8, torch.int32, torch.int64, torch.float32, torch.bfloat16, torch.uint8
+
+# (overload, builder of (args, kwargs) under FakeTensorMode, expected [(shape, dtype) or None per output])
+META_CASES = [
+    ("npu_add_quant_gmm", lambda: ((E(2, 8, 16, dtype=F32), E(32, 8, dtype=I8), E(32, 16, dtype=I8),
+                                    E(2, 16, dtype=F32), E(2, dtype=I64)), {}), [((2, 8, 16), F32)]),
+    ("npu_add_quant_matmul", lambda: ((E(8, 16, dtype=F32), E(8, 4, dtype=I8), E(4, 16, dtype=I8),
+                                       E(16, dtype=F32)), {}), [((8, 16), F32)]),
+    ("npu_batch_gather_matmul", lambda: ((E(4, 12), E(4, 6), E(2, 3, 12, 2), E(4, dtype=I32)), {}),
+     [((4, 12), torch.float16)]),
+    ("npu_dual_level_quant_matmul", lambda: ((E(16, 64, dtype=I8), E(32, 64, dtype=I8), E(16, 1, dtype=F32),
+                                              E(1, 32, dtype=F32), E(16, 2, 2, dtype=U8), E(32, 2, 2, dtype=U8)),
+                                             {}), [((16, 32), BF16)]),
+    ("npu_fused_matmul", lambda: ((E(3, 4, 5), E(5, 6)), {"fused_op_type": "relu"}), [((3, 4, 6), torch.float16)]),
+    ("npu_matmul_compress_dequant", lambda: ((E(4, 32, dtype=I8), E(100, dtype=I8), E(8, dtype=I8),
+                                              E(1, 24, dtype=I32), E(1, 24, dtype=F32)), {}),
+     [((4, 24), torch.float16)]),
+    ("npu_quant_matmul_dequant", lambda: ((E(4, 8), E(6, 8, dtype=I8), E(6, dtype=F32)), {}),
+     [((4, 6), torch.float16)]),
+    ("npu_quant_grouped_matmul_dequant", lambda: ((E(4, 8), E(2, 6, 8, dtype=I8), E(2, 6, dtype=F32),
+                                                   E(2, dtype=I64)), {}), [((4, 6), torch.float16)]),
+    ("_npu_matmul_abft_verify", lambda: ((E(17, 8), E(8, 300), E(17, 300, dtype=F32), E(300)), {}),
+     [((3 * 2,), U8)]),
+    ("npu_grouped_matmul_swiglu_quant", lambda: ((E(10, 8, dtype=I8), E(2, 8, 12, dtype=I8), E(2, dtype=I64),
+                                                  E(2, 12, dtype=F32), E(10, dtype=F32)), {}),
+     [((10, 6), I8), ((10,), F32), ((), F32)]),
+    ("npu_grouped_matmul_swiglu_quant_v2", lambda: ((E(10, 8, dtype=I8), [E(2, 8, 12, dtype=I8)],
+                                                     [E(2, 12, dtype=F32)], E(10, dtype=F32), E(2, dtype=I64)), {}),
+     [((10, 6), I8), ((10,), F32)]),
+    ("npu_all_gather_quant_mm", lambda: ((E(4, 8, dtype=BF16), E(8, 6, dtype=BF16), "g", 2), {}),
+     [((8, 6), BF16), ((8, 8), BF16), None]),
+    ("npu_all_gather_quant_mm", lambda: ((E(4, 8, dtype=I8), E(8, 6, dtype=I8), "g", 4),
+                                         {"y_dtype": torch.float16, "gather_output": False, "amax_output": True}),
+     [((16, 6), torch.float16), ((0,), I8), ((1,), F32)]),
+    ("npu_quant_mm_reduce_scatter", lambda: ((E(8, 4), E(4, 6), "g", 2), {}), [((4, 6), torch.float16), None]),
+    ("npu_matmul_all_to_all", lambda: ((E(4, 8), E(8, 6), "g", 2), {}), [((8, 3), torch.float16)]),
+    ("npu_quant_matmul_all_to_all", lambda: ((E(4, 8, dtype=I8), E(8, 6, dtype=I8), "g", 2), {}),
+     [((8, 3), F32)]),
+    ("npu_all_to_all_matmul", lambda: ((E(8, 4), E(8, 6), "g", 2), {}), [((4, 6), torch.float16),
+                                                                        ((4, 8), torch.float16)]),
+    ("npu_all_to_all_quant_matmul", lambda: ((E(8, 4), E(8, 6, dtype=I8), "g", 2),
+                                             {"all2all_out_flag": False, "y_dtype": torch.bfloat16}),
+     [((4, 6), BF16), None]),
+    ("npu_moe_gating_top_k", lambda: ((E(5, 16), 3), {}), [((5, 3), torch.float16), ((5, 3), I32), ((5, 16), F32)]),
+    ("npu_moe_init_routing_v2", lambda: ((E(6, 4), E(6, 2, dtype=I32)),
+                                         {"active_expert_range": [0, 8], "expert_num": 8}),
+     [((12, 4), torch.float16), ((12,), I32), ((8,), I64), ((12,), F32)]),
+    ("npu_moe_init_routing_v2", lambda: ((E(6, 4), E(6, 2, dtype=I32)),
+                                         {"active_expert_range": [2, 6], "expert_num": 8, "quant_mode": 1,
+                                          "expert_tokens_num_type": 2}),
+     [((12, 4), I8), ((12,), I32), ((8, 2), I64), ((12,), F32)]),
+    ("npu_moe_init_routing_quant", lambda: ((E(6, 4), E(6, 2, dtype=I32)),
+                                            {"active_num": 10, "expert_num": 4, "expert_tokens_num_mode": 1}),
+     [((10, 4), I8), ((12,), I32), ((4,), I32), None, ((10,), F32)]),
+    ("npu_moe_init_routing_quant", lambda: ((E(6, 4), E(6, 2, dtype=I32)),
+                                            {"drop_pad_mode": 1, "expert_capacity": 3, "expert_num": 4,
+                                             "expert_tokens_before_capacity_flag": True, "quant_mode": 0}),
+     [((4, 3, 4), I8), ((12,), I32), None, ((4,), I32), None]),
+    ("npu_moe_re_routing", lambda: ((E(9, 4, dtype=I8), E(2, 3, dtype=I32)), {}),
+     [((9, 4), I8), ((9,), F32), ((9,), I32), ((3,), I32)]),
+    ("npu_moe_token_permute_with_routing_map", lambda: ((E(6, 4, dtype=BF16), E(6, 3, dtype=torch.bool)),
+                                                        {"probs": E(6, 3, dtype=BF16), "num_out_tokens": 14}),
+     [((12, 4), BF16), ((12,), BF16), ((12,), I32)]),
+    ("npu_moe_token_permute_with_routing_map_grad", lambda: ((E(12, 4), None, E(12, dtype=I32),
+                                                              E(6, 3, dtype=torch.bool), 3, 6, False), {}),
+     [((6, 4), torch.float16), None]),
+    ("npu_moe_token_unpermute_with_routing_map", lambda: ((E(12, 4), E(12, dtype=I32), [6, 4]), {}),
+     [((6, 4), torch.float16)]),
+    ("_npu_moe_token_unpermute_with_routing_map", lambda: ((E(12, 4), E(12, dtype=I32), [6, 4]),
+                                                           {"probs": E(6, 3, dtype=F32)}),
+     [((6, 4), torch.float16), ((12,), I32), ((12,), I32), ((12,), F32)]),
+    ("npu_moe_token_unpermute_with_routing_map_grad", lambda: ((E(6, 4), E(12, dtype=I32), E(12, dtype=I32), None,
+                                                                None, E(6, 3), False, [6, 4]), {}),
+     [((12, 4), torch.float16), ((6, 3), torch.float16)]),
+    # ep 4 ranks, 8 experts, bs 3, k 2: 2 local experts, a = 12 * min(2, 2) = 24
+    ("npu_moe_distribute_dispatch", lambda: ((E(3, 16, dtype=BF16), E(3, 2, dtype=I32), "ep", 4, 1, 8), {}),
+     [((24, 16), BF16), ((24,), F32), ((6,), I32), ((2,), I64), ((8,), I32), ((0,), I32), ((0,), F32)]),
+    # one shared-expert rank (rank 0): it receives global_bs / 1 = 12 rows, one local expert
+    ("npu_moe_distribute_dispatch", lambda: ((E(3, 16, dtype=BF16), E(3, 2, dtype=I32), "ep", 4, 0, 6),
+                                             {"shared_expert_rank_num": 1, "quant_mode": 2}),
+     [((12, 16), I8), ((12,), F32), ((6,), I32), ((1,), I64), ((4,), I32), ((0,), I32), ((0,), F32)]),
+    ("npu_moe_distribute_dispatch_v2", lambda: ((E(3, 16, dtype=BF16), E(3, 2, dtype=I32), "ep", 4, 1, 8),
+                                                {"tp_world_size": 2}),
+     [((48, 16), BF16), ((48,), F32), ((24 * 128,), I32), ((2,), I64), ((16,), I32), ((2,), I32), ((0,), F32)]),
+    ("npu_moe_distribute_combine", lambda: ((E(24, 16), E(3, 2, dtype=I32), E(6, dtype=I32), E(8, dtype=I32),
+                                             E(3, 2, dtype=F32), "ep", 4, 1, 8), {}), [((3, 16), torch.float16)]),
+    ("npu_moe_distribute_combine_v2", lambda: ((E(24, 16), E(3, 2, dtype=I32), E(6, dtype=I32), E(8, dtype=I32),
+                                                E(3, 2, dtype=F32), "ep", 4, 1, 8), {}), [((3, 16), torch.float16)]),
+    ("npu_moe_distribute_combine_add_rms_norm", lambda: ((E(24, 16), E(3, 2, dtype=I32), E(6, dtype=I32),
+                                                          E(8, dtype=I32), E(3, 2, dtype=F32), E(3, 1, 16), E(16),
+                                                          "ep", 4, 1, 8), {}),
+     [((3, 1, 16), torch.float16), ((3, 1, 1), F32), ((3, 1, 16), torch.float16)]),
+    ("npu_fused_linear_online_max_sum", lambda: ((E(10, 8), E(32, 8), E(10, dtype=I64), 0, 15), {}),
+     [((10,), F32), ((10,), F32), ((10,), F32), ((2,), U8), ((10,), I64), None]),
+    ("npu_fused_linear_online_max_sum", lambda: ((E(10, 8, dtype=BF16), E(32, 8, dtype=BF16), E(10, dtype=I32),
+                                                  0, 15, True), {}),
+     [((10,), F32), ((10,), F32), ((10,), F32), ((2,), U8), ((10,), I32), ((10, 32), BF16)]),
+    ("npu_fused_linear_cross_entropy_loss_with_max_sum_backward",
+     lambda: ((E(10, dtype=F32), E(10, 8, dtype=BF16), E(32, 8, dtype=BF16), E(2, dtype=U8), E(10, dtype=I32)), {}),
+     [((10, 8), BF16), ((32, 8), BF16)]),
+]
+
+
+def _outputs(result):
+    return list(result) if isinstance(result, (tuple, list)) else [result]
+
+
+@pytest.mark.parametrize("name,build,expected", META_CASES, ids=[c[0] + "-%d" % i for i, c in enumerate(META_CASES)])
+def test_meta_shapes(name, build, expected):
+    assert name in META and name not in IMPLEMENTED
+    with FakeTensorMode():
+        args, kwargs = build()
+        result = getattr(npu, name)(*args, **kwargs)
+    outs = _outputs(result)
+    assert len(outs) == len(expected)
+    for out, exp in zip(outs, expected):
+        if exp is None:
+            assert out is None
+        else:
+            assert (tuple(out.shape), out.dtype) == exp
+
+
+@pytest.mark.parametrize("name", ["npu_add_quant_gmm_", "npu_add_quant_matmul_", "npu_batch_gather_matmul_"])
+def test_meta_inplace_returns_self(name):
+    with FakeTensorMode():
+        self = torch.empty(2, 8, 16, dtype=F32)
+        if name == "npu_batch_gather_matmul_":
+            args = (torch.empty(4, 12), torch.empty(4, 6), torch.empty(2, 3, 12, 2), torch.empty(4, dtype=I32))
+            self = torch.empty(4, 12)
+        elif name == "npu_add_quant_gmm_":
+            args = (torch.empty(32, 8, dtype=I8), torch.empty(32, 16, dtype=I8), torch.empty(2, 16),
+                    torch.empty(2, dtype=I64))
+        else:
+            args = (torch.empty(8, 4, dtype=I8), torch.empty(4, 16, dtype=I8), torch.empty(16))
+        assert getattr(npu, name)(self, *args) is self
+
+
+def test_meta_checks_and_unmapped_dtypes():
+    with FakeTensorMode():
+        with pytest.raises(RuntimeError, match="world_size should be in"):
+            npu.npu_matmul_all_to_all(E(4, 8), E(8, 6), "g", 3)
+        with pytest.raises(RuntimeError, match="divisible by world_size"):
+            npu.npu_all_to_all_matmul(E(6, 4), E(8, 6), "g", 4)
+        with pytest.raises(RuntimeError, match="y_dtype should be provided"):
+            npu.npu_quant_mm_reduce_scatter(E(8, 4, dtype=I8), E(4, 6, dtype=I8), "g", 2)
+        with pytest.raises(RuntimeError, match="K dim of a"):
+            npu._npu_matmul_abft_verify(E(4, 8), E(7, 3), E(4, 3), E(3))
+        with pytest.raises(RuntimeError, match="active_expert_range"):
+            npu.npu_moe_init_routing_v2(E(6, 4), E(6, 2, dtype=I32))
+    # on plain meta tensors the NotImplementedError itself surfaces (FakeTensor wraps it)
+    with pytest.raises(NotImplementedError, match="y_dtype=torch_npu.hifloat8 has no torch dtype"):
+        npu.npu_quant_matmul_all_to_all(torch.empty(4, 8, dtype=I8, device="meta"),
+                                        torch.empty(8, 6, dtype=I8, device="meta"), "g", 2,
+                                        y_dtype=torch_npu.hifloat8)
+
+
+@pytest.mark.parametrize("name,build,expected", META_CASES, ids=[c[0] + "-%d" % i for i, c in enumerate(META_CASES)])
+def test_real_calls_still_raise(name, build, expected):
+    args, kwargs = build()
+    with pytest.raises(NotImplementedError) as info:
+        getattr(npu, name)(*args, **kwargs)
+    assert str(info.value) == not_emulated_message(name)
+    npu_args = [a.npu() if isinstance(a, torch.Tensor) else a for a in args]
+    with pytest.raises(NotImplementedError, match="is not emulated yet"):
+        getattr(npu, name)(*npu_args, **kwargs)
