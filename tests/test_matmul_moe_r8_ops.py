@@ -184,6 +184,67 @@ def test_grouped_matmul_add_fake_and_errors():
         npu.npu_grouped_matmul_add(torch.zeros(2, 4, 3), x, w, gl)
 
 
+# ----------------------------------------------------------------- fused matmul
+
+def _fused_matmul_ref(x1, x2, bias, x3, kind):
+    y = torch.matmul(x1.double(), x2.double())
+    if bias is not None:
+        y = y + bias.double().reshape(-1)
+    if kind == "add":
+        y = y + x3.double()
+    elif kind == "mul":
+        y = y * x3.double()
+    elif kind == "relu":
+        y = y.clamp_min(0)
+    elif kind == "gelu_erf":
+        y = 0.5 * y * (1 + torch.erf(y / 2 ** 0.5))
+    elif kind == "gelu_tanh":
+        y = 0.5 * y * (1 + torch.tanh((2 / torch.pi) ** 0.5 * (y + 0.044715 * y ** 3)))
+    return y
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype,tol,kind", [
+    (dtype, tol, kind)
+    for dtype, tol in [(torch.float32, 1e-5), (torch.float16, 2e-3), (torch.bfloat16, 1.6e-2)]
+    for kind in ["", "16cast32", "add", "mul", "relu", "gelu_erf", "gelu_tanh"]
+    # gelu fusions are documented for float16/bfloat16 only (float32 is an error case below)
+    if not (dtype == torch.float32 and kind.startswith("gelu"))])
+def test_fused_matmul(device, dtype, tol, kind):
+    batched = kind in ("", "relu", "add", "mul")
+    x1 = torch.randn(*((2, 3, 8) if batched else (3, 8))).to(dtype)
+    x2 = torch.randn(8, 5).to(dtype)
+    bias = torch.randn(5).to(dtype) if kind in ("", "relu", "add", "mul") else None
+    x3 = torch.randn(3, 5).to(dtype) if kind in ("add", "mul") else None     # broadcast over the batch
+    out = npu.npu_fused_matmul(x1.to(device), x2.to(device), bias=None if bias is None else bias.to(device),
+                               x3=None if x3 is None else x3.to(device), fused_op_type=kind)
+    expected = _fused_matmul_ref(x1, x2, bias, x3, kind)
+    assert out.device.type == device and out.shape == expected.shape
+    assert out.dtype == (torch.float32 if kind == "16cast32" else dtype)
+    torch.testing.assert_close(out.cpu().double(), expected, atol=tol * 10, rtol=tol)
+
+
+def test_fused_matmul_fake_and_errors():
+    with FakeTensorMode():
+        out = npu.npu_fused_matmul(torch.empty(4, 2, 3, 8, dtype=torch.bfloat16),
+                                   torch.empty(2, 8, 6, dtype=torch.bfloat16), fused_op_type="relu")
+        assert out.shape == (4, 2, 3, 6) and out.dtype == torch.bfloat16
+        out = npu.npu_fused_matmul(torch.empty(3, 8, dtype=torch.float16), torch.empty(8, 6, dtype=torch.float16),
+                                   fused_op_type="16cast32")
+        assert out.shape == (3, 6) and out.dtype == torch.float32
+    a, b = torch.randn(3, 8, dtype=torch.float16), torch.randn(8, 4, dtype=torch.float16)
+    for kwargs, msg in [({"fused_op_type": "silu"}, "fused_op_type must be one of"),
+                        ({"fused_op_type": "add"}, "x3 is required"),
+                        ({"fused_op_type": "relu", "x3": torch.randn(3, 4).half()}, "x3 must be None"),
+                        ({"fused_op_type": "gelu_erf", "bias": torch.randn(4).half()}, "bias must be None")]:
+        with pytest.raises(RuntimeError, match=msg):
+            npu.npu_fused_matmul(a, b, **kwargs)
+    with pytest.raises(RuntimeError, match="not supported for fused_op_type 'gelu_tanh'"):
+        npu.npu_fused_matmul(a.float(), b.float(), fused_op_type="gelu_tanh")
+    with pytest.raises(RuntimeError, match="must have 2 to 3 dims"):
+        npu.npu_fused_matmul(torch.randn(2, 2, 3, 8).half(), b, x3=torch.randn(3, 4).half(), fused_op_type="add")
+
+
 # ----------------------------------------------------------------- fused cross entropy with max/sum
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -229,7 +290,6 @@ META_CASES = [
     ("npu_dual_level_quant_matmul", lambda: ((E(16, 64, dtype=I8), E(32, 64, dtype=I8), E(16, 1, dtype=F32),
                                               E(1, 32, dtype=F32), E(16, 2, 2, dtype=U8), E(32, 2, 2, dtype=U8)),
                                              {}), [((16, 32), BF16)]),
-    ("npu_fused_matmul", lambda: ((E(3, 4, 5), E(5, 6)), {"fused_op_type": "relu"}), [((3, 4, 6), torch.float16)]),
     ("npu_matmul_compress_dequant", lambda: ((E(4, 32, dtype=I8), E(100, dtype=I8), E(8, dtype=I8),
                                               E(1, 24, dtype=I32), E(1, 24, dtype=F32)), {}),
      [((4, 24), torch.float16)]),

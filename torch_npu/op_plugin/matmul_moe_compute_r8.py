@@ -1,4 +1,4 @@
-"""Emulated: npu_grouped_matmul_add(_) and npu_fused_cross_entropy_loss_with_max_sum.
+"""Emulated: npu_grouped_matmul_add(_), npu_fused_matmul and npu_fused_cross_entropy_loss_with_max_sum.
 
 * ``npu_grouped_matmul_add_(self, x, weight, group_list)``: ``self[g] += x[K_g].T @ weight[K_g]``
   where ``K_g`` is group ``g``'s slice of the K axis (the doc's ``self = self + x @ weight`` with
@@ -9,6 +9,11 @@
   accumulated in float32. ``npu_grouped_matmul_add`` is the out-of-place form (a new tensor).
   Only the documented ``transpose_x=True``, ``transpose_weight=False``, ``group_type=2`` are
   supported; others raise NotImplementedError.
+* ``npu_fused_matmul``: ``y = op(x1 @ x2 + bias, x3)`` with ``fused_op_type`` ``""`` (none),
+  ``"16cast32"`` (none, float32 output), ``"add"`` (``+ x3``), ``"mul"`` (``* x3``), ``"relu"``,
+  ``"gelu_erf"`` / ``"gelu_tanh"`` (of ``x1 @ x2``, no bias). Computed in float32, returned in the
+  dtype of ``x1`` (float32 for ``"16cast32"``). float32 inputs are exact float32 here (the NPU runs
+  them as HF32). The documented rank / dtype / bias / x3 rules are validated.
 * ``npu_fused_cross_entropy_loss_with_max_sum``: ``loss = log(sum_exp_logits) - predicted_logits``
   and, with ``vocab_parallel_logits``, ``softmax = exp(vocab_parallel_logits - logits_max[:, None])
   / sum_exp_logits[:, None]`` (float32; without it the softmax output is undefined/None, as on the
@@ -68,6 +73,53 @@ def npu_grouped_matmul_add_(self, x, weight, group_list, *, transpose_x=True, tr
     products = _grouped_products("npu_grouped_matmul_add_", self, x, weight, group_list, transpose_x,
                                  transpose_weight, group_type, group_list_type)
     return self.add_(products.to(self.dtype))
+
+
+_FUSED_MATMUL_RANKS = {"": (2, 6), "relu": (2, 6), "add": (2, 3), "mul": (2, 3), "16cast32": (2, 2),
+                       "gelu_erf": (2, 2), "gelu_tanh": (2, 2)}
+_MATMUL_FLOATS = (torch.float16, torch.bfloat16, torch.float32)
+
+
+@impl("npu_fused_matmul")
+def npu_fused_matmul(x1, x2, *, bias=None, x3=None, fused_op_type=''):
+    op = "npu_fused_matmul"
+    kind = fused_op_type
+    check(kind in _FUSED_MATMUL_RANKS, op, "fused_op_type must be one of %s, got %r"
+          % (sorted(_FUSED_MATMUL_RANKS), kind))
+    lo, hi = _FUSED_MATMUL_RANKS[kind]
+    for name, t in (("x1", x1), ("x2", x2)):
+        check(lo <= t.dim() <= hi, op, "%s must have %d to %d dims for fused_op_type %r, got %dD"
+              % (name, lo, hi, kind, t.dim()))
+    check(x1.dtype == x2.dtype, op, "x2 dtype %s must equal x1 dtype %s" % (x2.dtype, x1.dtype))
+    gelu = kind in ("gelu_erf", "gelu_tanh")
+    allowed = (torch.float16, torch.bfloat16) if gelu else _MATMUL_FLOATS
+    check(x1.dtype in allowed, op, "x1 dtype %s is not supported for fused_op_type %r" % (x1.dtype, kind))
+    check(x1.shape[-1] == x2.shape[-2], op, "the k of x1 and x2 should be equal, got %d and %d"
+          % (x1.shape[-1], x2.shape[-2]))
+    check(bias is None or kind in ("", "relu", "add", "mul"), op,
+          "bias must be None for fused_op_type %r" % kind)
+    if kind in ("add", "mul"):
+        check(x3 is not None, op, "x3 is required for fused_op_type %r" % kind)
+    else:
+        check(x3 is None, op, "x3 must be None for fused_op_type %r" % kind)
+    y = torch.matmul(x1.float(), x2.float())
+    if bias is not None:
+        check(bias.dim() in (1, 2) and bias.shape[-1] == y.shape[-1] and bias.numel() == y.shape[-1], op,
+              "bias must be (N,) or (1, N) with N = %d" % y.shape[-1])
+        y = y + bias.float().reshape(-1)
+    if x3 is not None:
+        check(x3.dtype == x1.dtype, op, "x3 dtype %s must equal x1 dtype %s" % (x3.dtype, x1.dtype))
+        out_mn = tuple(y.shape[-2:])
+        ok = tuple(x3.shape) == tuple(y.shape) or (
+            y.dim() == 3 and (tuple(x3.shape) == out_mn or tuple(x3.shape) == (1,) + out_mn))
+        check(ok, op, "x3 shape %s must be the output shape %s (or broadcast along batch only)"
+              % (tuple(x3.shape), tuple(y.shape)))
+        y = y + x3.float() if kind == "add" else y * x3.float()
+    if kind == "relu":
+        y = torch.relu(y)
+    elif gelu:
+        y = torch.nn.functional.gelu(y, approximate="tanh" if kind == "gelu_tanh" else "none")
+    return y if kind == "16cast32" else y.to(x1.dtype)
 
 
 @impl("npu_fused_cross_entropy_loss_with_max_sum")

@@ -100,16 +100,6 @@ def npu_dual_level_quant_matmul(x1, x2, x1_level0_scale, x2_level0_scale, x1_lev
     return _empty((x1.shape[0], x2.shape[0]), _dtype(op, "output_dtype", output_dtype, torch.bfloat16), x1)
 
 
-@meta("npu_fused_matmul")
-def npu_fused_matmul(x1, x2, *, bias=None, x3=None, fused_op_type=''):
-    op = "npu_fused_matmul"
-    _check(x1.dim() >= 2 and x2.dim() >= 2, op, "x1 and x2 need at least 2 dims, got %dD and %dD" % (x1.dim(), x2.dim()))
-    _check(x1.shape[-1] == x2.shape[-2], op, "the k of x1 and x2 should be equal, got %d and %d"
-           % (x1.shape[-1], x2.shape[-2]))
-    batch = torch.broadcast_shapes(tuple(x1.shape[:-2]), tuple(x2.shape[:-2]))
-    return _empty(tuple(batch) + (x1.shape[-2], x2.shape[-1]), x1.dtype, x1)
-
-
 @meta("npu_matmul_compress_dequant")
 def npu_matmul_compress_dequant(x1, x2, compress_index, bias, scale, *, offsetW=None, offsetX=None):
     op = "npu_matmul_compress_dequant"
