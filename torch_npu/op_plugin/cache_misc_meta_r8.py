@@ -1,0 +1,390 @@
+"""Meta kernels (output shapes and dtypes only) for the KV-cache, sampling, detection, RNN and
+runtime ops of ``torch.ops.npu`` that are not emulated: FakeTensor / torch.compile can trace
+through them, a real CPU/npu call still raises NotImplementedError naming the op.
+
+Shapes and dtypes follow the ops' torch_npu documentation and op-plugin's own output-size code
+(``_meta_registrations.py`` and the op_api/acl_op kernels; read, not copied). The per-op rules and
+their sources are listed in docs/ops-cache-misc-r8.md. In-place ops (``Tensor(a!)`` returns) give
+back the mutated argument itself; ops whose schema returns ``()`` return None.
+"""
+import torch
+from torch.fx.node import has_side_effect
+
+from torch_npu.op_plugin._registry import meta
+
+__all__ = []
+
+
+def _check(cond, op, message):
+    torch._check(cond, lambda: "%s: %s" % (op, message))
+
+
+# ----------------------------------------------------------------- rope + quant + KV cache
+
+def _rope_quant_kvcache(op, x, cos, k_cache, v_cache, size_splits, kv_output):
+    """q (and, with kv_output, k and v) after the rotary embedding, in cos's dtype: x is
+    [B, S, H] (outputs [B, S, heads, D]) or [T, H] (outputs [T, heads, D]); D is the cache's last
+    dim, q heads = size_splits[0] // D, k/v heads = the cache's third dim. Without kv_output the
+    k/v outputs are empty [0] tensors. The caches are updated in place by the real kernel; the
+    schema returns them as new tensors, so copies of their shape are returned here."""
+    _check(x.dim() in (2, 3), op, "x must be 2-D or 3-D, got %d-D" % x.dim())
+    _check(k_cache.dim() == 4, op, "k_cache must be 4-D, got %d-D" % k_cache.dim())
+    _check(len(size_splits) == 3, op, "size_splits must have 3 entries, got %d" % len(size_splits))
+    _check(size_splits[0] >= 0, op, "size_splits[0] must be >= 0, got %d" % size_splits[0])
+    lead = [x.size(0), x.size(1)] if x.dim() == 3 else [x.size(0)]
+    k_heads, head_dim = k_cache.size(2), k_cache.size(3)
+    q_heads = size_splits[0] // head_dim if head_dim != 0 else 0
+    kv_shape = lead + [k_heads, head_dim] if kv_output else [0]
+    return (x.new_empty(lead + [q_heads, head_dim], dtype=cos.dtype),
+            x.new_empty(kv_shape, dtype=cos.dtype),
+            x.new_empty(kv_shape, dtype=cos.dtype),
+            torch.empty_like(k_cache), torch.empty_like(v_cache))
+
+
+@meta("npu_rope_quant_kvcache")
+def npu_rope_quant_kvcache(x, cos, sin, k_cache, v_cache, indices, scale_k, scale_v, size_splits, *, offset_k=None,
+                           offset_v=None, quant_mode=0, input_layout="BSND", kv_output=False, cache_mode="contiguous"):
+    return _rope_quant_kvcache("npu_rope_quant_kvcache", x, cos, k_cache, v_cache, size_splits, kv_output)
+
+
+@meta("npu_dequant_rope_quant_kvcache")
+def npu_dequant_rope_quant_kvcache(x, cos, sin, k_cache, v_cache, indices, scale_k, scale_v, size_splits, *,
+                                   offset_k=None, offset_v=None, weight_scale=None, activation_scale=None, bias=None,
+                                   quant_mode=0, input_layout="BSND", kv_output=False, cache_mode="contiguous"):
+    op = "npu_dequant_rope_quant_kvcache"
+    _check(x.dtype == torch.int32, op, "x must be int32 (the matmul accumulator), got %s" % x.dtype)
+    return _rope_quant_kvcache(op, x, cos, k_cache, v_cache, size_splits, kv_output)
+
+
+# ----------------------------------------------------------------- paged KV cache gather / scatter
+
+@meta("npu_gather_pa_kv_cache")
+def npu_gather_pa_kv_cache(key_cache, value_cache, block_tables, seq_lens, key, value, *, seq_offset=None,
+                           is_seq_lens_cumsum=False):
+    """Writes the gathered tokens into ``key`` / ``value`` in place; returns nothing."""
+    return None
+
+
+@meta("npu_gather_pa_kv_cache_functional")
+def npu_gather_pa_kv_cache_functional(key_cache, value_cache, block_tables, seq_lens, key, value, *,
+                                      seq_offset=None, is_seq_lens_cumsum=False):
+    """The updated copies of ``key`` and ``value``."""
+    return torch.empty_like(key), torch.empty_like(value)
+
+
+@meta("npu_scatter_pa_cache.value")
+def npu_scatter_pa_cache_value(key, slot_mapping, *, compress_lens=None, compress_seq_offsets=None, seq_lens=None,
+                               key_cache):
+    return key_cache
+
+
+@meta("npu_scatter_list")
+def npu_scatter_list(self, indices, updates, mask=None, reduce="update", axis=-2):
+    return [torch.empty_like(t) for t in self]
+
+
+@meta("npu_scatter_list_")
+def npu_scatter_list_(self, indices, updates, mask=None, reduce="update", axis=-2):
+    return None
+
+
+# ----------------------------------------------------------------- rmsnorm + rope + cache
+
+def _kv_rmsnorm_rope_outputs(op, kv, gamma, cos, v):
+    """k_rope [B, N, S, cos.size(3)] and c_kv [B, N, S, gamma.size(0)] in kv's dtype; with ``v``
+    the two intermediate outputs are [B, N, S, kv.size(3)] and [B, N, S, v.size(3)]."""
+    _check(kv.dim() == 4, op, "kv must be 4-D [B, N, S, D], got %d-D" % kv.dim())
+    _check(gamma.dim() == 1, op, "gamma must be 1-D, got %d-D" % gamma.dim())
+    _check(cos.dim() == 4, op, "cos must be 4-D, got %d-D" % cos.dim())
+    lead = list(kv.shape[:3])
+    if v is not None and v.dim() > 0:
+        _check(v.dtype == kv.dtype, op, "v must have kv's dtype %s, got %s" % (kv.dtype, v.dtype))
+        _check(v.dim() == 4, op, "v must be 4-D, got %d-D" % v.dim())
+        _check(list(v.shape[:3]) == lead, op, "v must have kv's [B, N, S] %s, got %s"
+               % (lead, list(v.shape[:3])))
+    if v is None:
+        rope_dim, ckv_dim = cos.size(3), gamma.size(0)
+    else:
+        rope_dim, ckv_dim = kv.size(3), v.size(3)
+    return kv.new_empty(lead + [rope_dim]), kv.new_empty(lead + [ckv_dim])
+
+
+@meta("npu_kv_rmsnorm_rope_cache")
+def npu_kv_rmsnorm_rope_cache(kv, gamma, cos, sin, index, k_cache, ckv_cache, *, k_rope_scale=None, c_kv_scale=None,
+                              k_rope_offset=None, c_kv_offset=None, v=None, epsilon=1e-5, cache_mode="Norm",
+                              is_output_kv=False):
+    k_rope, c_kv = _kv_rmsnorm_rope_outputs("npu_kv_rmsnorm_rope_cache", kv, gamma, cos, v)
+    return torch.empty_like(k_cache), torch.empty_like(ckv_cache), k_rope, c_kv
+
+
+@meta("npu_kv_rmsnorm_rope_cache_v2")
+def npu_kv_rmsnorm_rope_cache_v2(kv, gamma, cos, sin, index, k_cache, ckv_cache, *, k_rope_scale=None,
+                                 c_kv_scale=None, k_rope_offset=None, c_kv_offset=None, v=None, epsilon=1e-5,
+                                 cache_mode="Norm", is_output_kv=False, k_cache_dtype=None, ckv_cache_dtype=None):
+    return _kv_rmsnorm_rope_outputs("npu_kv_rmsnorm_rope_cache_v2", kv, gamma, cos, v)
+
+
+@meta("npu_kv_rmsnorm_rope_cache_v2_functional")
+def npu_kv_rmsnorm_rope_cache_v2_functional(kv, gamma, cos, sin, index, k_cache, ckv_cache, *, k_rope_scale=None,
+                                            c_kv_scale=None, k_rope_offset=None, c_kv_offset=None, v=None,
+                                            epsilon=1e-5, cache_mode="Norm", is_output_kv=False, k_cache_dtype=None,
+                                            ckv_cache_dtype=None):
+    k_rope, c_kv = _kv_rmsnorm_rope_outputs("npu_kv_rmsnorm_rope_cache_v2_functional", kv, gamma, cos, v)
+    return k_rope, c_kv, torch.empty_like(k_cache), torch.empty_like(ckv_cache)
+
+
+def _qkv_rms_norm_rope_outputs(op, qkv, q_gamma, k_gamma, cos, sin, qkv_size, head_nums, is_output_qkv):
+    """q/k/v before quantisation, [T, heads * D] in qkv's dtype (D = qkv_size[3], heads from
+    head_nums = [n_q, n_k, n_v]) when ``is_output_qkv``, else three 0-dim placeholders."""
+    _check(len(qkv_size) == 4, op, "qkv_size must be [B, S, N, D], got %s" % (list(qkv_size),))
+    _check(len(head_nums) == 3, op, "head_nums must be [n_q, n_k, n_v], got %s" % (list(head_nums),))
+    _check(qkv.dim() == 2, op, "qkv must be 2-D, got %d-D" % qkv.dim())
+    _check(q_gamma.dim() == 1 and k_gamma.dim() == 1, op, "q_gamma and k_gamma must be 1-D")
+    _check(cos.dim() == 2 and sin.dim() == 2, op, "cos and sin must be 2-D")
+    if not is_output_qkv:
+        return tuple(qkv.new_empty(()) for _ in range(3))
+    return tuple(qkv.new_empty((qkv.size(0), heads * qkv_size[3])) for heads in head_nums)
+
+
+@meta("npu_qkv_rms_norm_rope_cache")
+def npu_qkv_rms_norm_rope_cache(qkv, q_gamma, k_gamma, cos, sin, index, q_out, k_cache, v_cache, qkv_size, head_nums,
+                                *, k_scale=None, v_scale=None, k_offset=None, v_offset=None, epsilon=1e-6,
+                                cache_mode="PA_NZ", is_output_qkv=False):
+    return _qkv_rms_norm_rope_outputs("npu_qkv_rms_norm_rope_cache", qkv, q_gamma, k_gamma, cos, sin, qkv_size,
+                                      head_nums, is_output_qkv)
+
+
+@meta("npu_qkv_rms_norm_rope_cache_functional")
+def npu_qkv_rms_norm_rope_cache_functional(qkv, q_gamma, k_gamma, cos, sin, index, q_out, k_cache, v_cache, qkv_size,
+                                           head_nums, *, k_scale=None, v_scale=None, k_offset=None, v_offset=None,
+                                           epsilon=1e-6, cache_mode="PA_NZ", is_output_qkv=False):
+    before_quant = _qkv_rms_norm_rope_outputs("npu_qkv_rms_norm_rope_cache_functional", qkv, q_gamma, k_gamma, cos,
+                                              sin, qkv_size, head_nums, is_output_qkv)
+    return before_quant + (torch.empty_like(q_out), torch.empty_like(k_cache), torch.empty_like(v_cache))
+
+
+# ----------------------------------------------------------------- sampling
+
+@meta("npu_top_k_top_p")
+def npu_top_k_top_p(logits, p=None, k=None):
+    return torch.empty_like(logits)
+
+
+@meta("npu_top_k_top_p_sample")
+def npu_top_k_top_p_sample(logits, top_k, top_p, q=None, eps=1e-8, is_need_logits=False, top_k_guess=32, min_ps=None,
+                           ks_max=1024, input_is_logits=True, post_sample="qSample", generator=None):
+    """logits_select_idx: int64 [batch]; logits_top_kp_select: float32 of logits' shape."""
+    op = "npu_top_k_top_p_sample"
+    _check(logits.dim() == 2, op, "logits must be 2-D [batch, voc_size], got %d-D" % logits.dim())
+    _check(top_k.dim() == 1 and top_p.dim() == 1, op, "top_k and top_p must be 1-D")
+    if q is not None:
+        _check(tuple(q.shape) == tuple(logits.shape), op, "q must have logits' shape %s, got %s"
+               % (tuple(logits.shape), tuple(q.shape)))
+    return (logits.new_empty((logits.size(0),), dtype=torch.int64),
+            logits.new_empty(tuple(logits.shape), dtype=torch.float32))
+
+
+# ----------------------------------------------------------------- detection
+
+@meta("_npu_ciou")
+def _npu_ciou(self, gtboxes, trans=False, is_cross=True, mode=0, atan_sub_flag=False):
+    """(overlap, atan_sub), each [M, N] (is_cross; M gt boxes, N boxes) or [1, N]. The kernel
+    computes in float32 for float16 inputs; the overlap is cast back to float16, atan_sub is not."""
+    op = "_npu_ciou"
+    _check(self.dim() == 2 and gtboxes.dim() == 2, op, "self and gtboxes must be 2-D (4, n)")
+    shape = (gtboxes.size(1), self.size(1)) if is_cross else (1, self.size(1))
+    half = self.dtype == torch.float16 or gtboxes.dtype == torch.float16
+    compute = torch.float32 if self.dtype == torch.float16 else self.dtype
+    return (self.new_empty(shape, dtype=torch.float16 if half else compute), self.new_empty(shape, dtype=compute))
+
+
+@meta("npu_ciou_backward")
+def npu_ciou_backward(grad, bboxes, gtboxes, atan_sub, trans=False, is_cross=True, mode=0):
+    return torch.empty_like(bboxes), torch.empty_like(gtboxes)
+
+
+@meta("npu_rotated_box_encode")
+def npu_rotated_box_encode(self, gt_bboxes, weight):
+    op = "npu_rotated_box_encode"
+    _check(self.dim() == 3 and self.size(1) == 5, op, "anchor_box must be (B, 5, N), got %s" % (tuple(self.shape),))
+    _check(tuple(gt_bboxes.shape) == tuple(self.shape), op, "gt_bboxes must have anchor_box's shape")
+    return torch.empty_like(self)
+
+
+@meta("npu_rotated_box_decode")
+def npu_rotated_box_decode(self, deltas, weight):
+    op = "npu_rotated_box_decode"
+    _check(self.dim() == 3 and self.size(1) == 5, op, "anchor_box must be (B, 5, N), got %s" % (tuple(self.shape),))
+    _check(tuple(deltas.shape) == tuple(self.shape), op, "deltas must have anchor_box's shape")
+    return torch.empty_like(self)
+
+
+@meta("npu_roi_alignbk")
+def npu_roi_alignbk(self, rois, xdiff_shape, pooled_width, pooled_height, spatial_scale, sample_num,
+                    roi_end_mode=None):
+    """The gradient of the RoIAlign input: ``xdiff_shape`` (B, C, H, W) in the gradient's dtype."""
+    _check(len(xdiff_shape) == 4, "npu_roi_alignbk", "xdiff_shape must be (B, C, H, W), got %s"
+           % (list(xdiff_shape),))
+    return self.new_empty(tuple(xdiff_shape))
+
+
+# ----------------------------------------------------------------- HANS lossless compression
+
+@meta("npu_hans_encode.out")
+def npu_hans_encode_out(input, statistic=False, reshuff=False, *, pdf, mantissa, fixed, var):
+    return pdf, mantissa, fixed, var
+
+
+@meta("npu_hans_decode.out")
+def npu_hans_decode_out(mantissa, fixed, var, pdf, reshuff=False, *, out):
+    return out
+
+
+# ----------------------------------------------------------------- RNN
+
+@meta("npu_gru")
+def npu_gru(input, hx, weight_input, weight_hidden, bias_input, bias_hidden, seq_length, has_biases, num_layers,
+            dropout, train, bidirectional, batch_first):
+    """DynamicGRUV2 (time major): y, output_h, update, reset, new, hidden_new, each [T, B, H]
+    with H = bias_input.size(0) / 3, in bias_input's dtype."""
+    op = "npu_gru"
+    _check(input.dim() == 3, op, "input must be 3-D [T, B, I], got %d-D" % input.dim())
+    _check(bias_input.dim() == 1, op, "bias_input must be 1-D [3H], got %d-D" % bias_input.dim())
+    shape = (input.size(0), input.size(1), bias_input.size(0) // 3)
+    return tuple(input.new_empty(shape, dtype=bias_input.dtype) for _ in range(6))
+
+
+@meta("npu_gru_backward")
+def npu_gru_backward(grady, gradh, input, weight_input, weight_hidden, bias_input, bias_hidden, seq_length, hx,
+                     y_output, h_output, output_updata, output_reset, output_new, hidden_new):
+    """(dx, dh_prev, dw_input, dw_hidden, db_input, db_hidden): the shapes of input, hx and the
+    weights, all in input's dtype."""
+    return tuple(input.new_empty(tuple(t.shape))
+                 for t in (input, hx, weight_input, weight_hidden, bias_input, bias_hidden))
+
+
+@meta("_gru_npu_backward")
+def _gru_npu_backward(grad_y, grad_h, input, hx, params, r, z, n, h_n, h, has_biases, num_layers, dropout, train,
+                      bidirectional, *, batch_first=False, batch_sizes=None):
+    """Gradients of _gru_npu's inputs: (d input, d hx, d params), each shaped like its input."""
+    return torch.empty_like(input), torch.empty_like(hx), [torch.empty_like(p) for p in params]
+
+
+@meta("_lstm_npu_backward")
+def _lstm_npu_backward(grad_y, grad_hy, grad_cy, input, hx, params, i, j, f, o, h, c, tanhc, has_biases, num_layers,
+                       dropout, train, bidirectional, *, batch_first=False, batch_sizes=None):
+    """Gradients of _lstm_npu's inputs: (d input, [d h0, d c0], d params), each shaped like its input."""
+    return torch.empty_like(input), [torch.empty_like(t) for t in hx], [torch.empty_like(p) for p in params]
+
+
+# ----------------------------------------------------------------- model obfuscation (PMCC)
+
+@meta("obfuscation_calculate")
+def obfuscation_calculate(fd, x, param, *, obf_coefficient=1.0):
+    return torch.empty_like(x)
+
+
+@meta("obfuscation_finalize")
+def obfuscation_finalize(fd_to_close):
+    return torch.empty_like(fd_to_close)
+
+
+# ----------------------------------------------------------------- attention / FFN disaggregation
+
+@meta("attention_worker_scheduler")
+def attention_worker_scheduler(self):
+    return torch.empty_like(self)
+
+
+@meta("attention_worker_scheduler_")
+def attention_worker_scheduler_(self):
+    return self
+
+
+@meta("ffn_worker_scheduler")
+def ffn_worker_scheduler(self, *, sync_group_size=1, execute_mode=0):
+    return torch.empty_like(self)
+
+
+@meta("ffn_worker_scheduler_")
+def ffn_worker_scheduler_(self, *, sync_group_size=1, execute_mode=0):
+    return self
+
+
+@meta("npu_attention_to_ffn")
+def npu_attention_to_ffn(x, session_id, micro_batch_id, layer_id, expert_ids, expert_rank_table, group, world_size,
+                         ffn_token_info_table_shape, ffn_token_data_shape, attn_token_info_table_shape, moe_expert_num,
+                         *, scales=None, active_mask=None, quant_mode=0, sync_flag=0, ffn_start_rank_id=0):
+    """Sends tokens to the FFN ranks; returns nothing (marked side-effecting for FX below)."""
+    return None
+
+
+@meta("npu_ffn_to_attention")
+def npu_ffn_to_attention(x, session_ids, micro_batch_ids, token_ids, expert_offsets, actual_token_num, group,
+                         world_size, token_info_table_shape, token_data_shape, *, attn_rank_table=None):
+    """Sends FFN results back to the attention ranks; returns nothing."""
+    return None
+
+
+# A traced graph must keep these communication calls although nothing reads an output.
+has_side_effect(torch.ops.npu.npu_attention_to_ffn.default)
+has_side_effect(torch.ops.npu.npu_ffn_to_attention.default)
+
+# token_dtype codes of the worker ops' token buffers
+_TOKEN_DTYPES = {0: torch.float16, 1: torch.bfloat16, 2: torch.int8}
+
+
+@meta("npu_attention_worker_combine")
+def npu_attention_worker_combine(schedule_context, expert_scales, layer_id, hidden_size, *, token_dtype=0,
+                                 need_schedule=0):
+    """y [BS, hidden_size] (float16, or bfloat16 for token_dtype=1) and next_layer_id, int32 [1]."""
+    y_dtype = torch.bfloat16 if token_dtype == 1 else torch.float16
+    return (schedule_context.new_empty((expert_scales.size(0), hidden_size), dtype=y_dtype),
+            schedule_context.new_empty((1,), dtype=torch.int32))
+
+
+@meta("npu_ffn_worker_batching")
+def npu_ffn_worker_batching(schedule_context, expert_num, max_out_shape, *, token_dtype=0, need_schedule=0,
+                            layer_num=0):
+    """max_out_shape = [A, BS, K+1, H]; Y = A * BS * (K+1) rows: hidden states [Y, H] (float16 /
+    bfloat16 / int8 for token_dtype 0 / 1 / 2), group_list int64 [expert_num, 2], session / micro
+    batch / token ids and expert offsets int32 [Y], dynamic scales float32 [Y], actual token
+    count int64 [1]."""
+    op = "npu_ffn_worker_batching"
+    _check(expert_num > 0, op, "expert_num should be a positive number")
+    _check(len(max_out_shape) == 4, op, "max_out_shape must have 4 elements")
+    _check(all(v > 0 for v in max_out_shape), op, "every element of max_out_shape should be a positive number")
+    rows = max_out_shape[0] * max_out_shape[1] * max_out_shape[2]
+    ids = [schedule_context.new_empty((rows,), dtype=torch.int32) for _ in range(4)]
+    return (schedule_context.new_empty((rows, max_out_shape[3]), dtype=_TOKEN_DTYPES.get(token_dtype, torch.float16)),
+            schedule_context.new_empty((expert_num, 2), dtype=torch.int64),
+            *ids,
+            schedule_context.new_empty((rows,), dtype=torch.float32),
+            schedule_context.new_empty((1,), dtype=torch.int64))
+
+
+@meta("_npu_distribute_barrier")
+def _npu_distribute_barrier(x_ref, group, world_size, *, time_out=None, elastic_info=None):
+    return torch.empty_like(x_ref)
+
+
+# ----------------------------------------------------------------- silent data corruption checks
+
+@meta("_npu_silent_check")
+def _npu_silent_check(input_grad, val, pre_val, min_val, max_val, val_counter, c_min_steps, c_thresh_l1, c_coeff_l1,
+                      c_thresh_l2, c_coeff_l2):
+    """The detection result, shaped and typed like ``val_counter``."""
+    return torch.empty_like(val_counter)
+
+
+@meta("_npu_silent_check_v2")
+def _npu_silent_check_v2(val, input_grad, sfda, step, c_min_steps, c_thresh_l1, c_coeff_l1, c_thresh_l2, c_coeff_l2,
+                         npu_asd_detect):
+    """The detection result: int32 of ``step``'s shape."""
+    return step.new_empty(tuple(step.shape), dtype=torch.int32)
+
+
+@meta("_npu_silent_check_v3")
+def _npu_silent_check_v3(val, input_grad, step, max, avg, c_thresh_l1, c_thresh_l2, betal, npu_asd_detect):
+    """The detection result: int32 of ``step``'s shape."""
+    return step.new_empty(tuple(step.shape), dtype=torch.int32)
