@@ -249,3 +249,235 @@ def test_emulated_norms_fake_shapes():
         assert [tuple(o.shape) for o in out] == [(2, 3, 1), (2, 3, 8), (2, 3, 8)]
         out = torch.ops.npu.npu_layernorm_grad(x, x, [8], rstd, rstd, g, g)
         assert [tuple(o.shape) for o in out] == [(2, 3, 8), (8,), (8,)]
+
+
+# ------------------------------------------------------------------ Meta-only ops
+
+FP4 = 296          # torch_npu.float4_e2m1fn_x2
+E5M2_NPU = 291     # torch_npu.float8_e5m2
+HIF8 = 290         # torch_npu.hifloat8
+E8M0 = 293         # torch_npu.float8_e8m0fnu
+
+
+def _fake(*shape, dtype=torch.float16, requires_grad=False):
+    t = torch.empty(*shape, dtype=dtype)
+    return t.requires_grad_(True) if requires_grad else t
+
+
+def _sig(outs):
+    outs = outs if isinstance(outs, (tuple, list)) else (outs,)
+    return [None if o is None else (tuple(o.shape), o.dtype) for o in outs]
+
+
+U8, I8, I32, F32, F16, BF16 = torch.uint8, torch.int8, torch.int32, torch.float32, torch.float16, torch.bfloat16
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+
+# (name, call building its inputs inside FakeTensorMode, expected [(shape, dtype) or None])
+META_CASES = [
+    ("npu_add_rms_norm_quant",
+     lambda: torch.ops.npu.npu_add_rms_norm_quant(_fake(2, 3, 64), _fake(2, 3, 64), _fake(64), _fake(64), None),
+     [((2, 3, 64), I8), ((2, 3, 64), I8), ((2, 3, 64), F16)]),
+    ("npu_add_rms_norm_dynamic_quant",
+     lambda: torch.ops.npu.npu_add_rms_norm_dynamic_quant(_fake(4, 64), _fake(4, 64), _fake(64)),
+     [((4, 64), I8), ((), I8), ((4, 64), F16), ((4,), F32), ((), F32)]),
+    ("npu_add_rms_norm_dynamic_quant",   # both outputs, int4 packed eight per int32
+     lambda: torch.ops.npu.npu_add_rms_norm_dynamic_quant(_fake(4, 64), _fake(4, 64), _fake(64),
+                                                          output_mask=[True, True], y_dtype=torch.quint4x2),
+     [((4, 8), I32), ((4, 8), I32), ((4, 64), F16), ((4,), F32), ((4,), F32)]),
+    ("npu_add_rms_norm_dynamic_mx_quant",
+     lambda: torch.ops.npu.npu_add_rms_norm_dynamic_mx_quant(_fake(3, 100), _fake(3, 100), _fake(100)),
+     [((3, 50), U8), ((3, 100), F16), ((3, 2, 2), U8), ((0,), F32)]),
+    ("npu_add_rms_norm_dynamic_mx_quant",   # rstd when both inputs require grad; float8 output
+     lambda: torch.ops.npu.npu_add_rms_norm_dynamic_mx_quant(_fake(3, 256, requires_grad=True),
+                                                             _fake(3, 256, requires_grad=True), _fake(256),
+                                                             dst_type=E5M2_NPU),
+     [((3, 256), E5M2), ((3, 256), F16), ((3, 4, 2), U8), ((3, 1), F32)]),
+    ("npu_rms_norm_quant",
+     lambda: torch.ops.npu.npu_rms_norm_quant(_fake(2, 16), _fake(16), _fake(16), _fake(16), _fake(16)),
+     [((2, 16), I8)]),
+    ("npu_rms_norm_quant_v2",
+     lambda: torch.ops.npu.npu_rms_norm_quant_v2(_fake(2, 5, 16, requires_grad=True), _fake(5, 16), _fake(16),
+                                                 dst_dtype=torch.quint4x2),
+     [((2, 5, 2), I32), ((2, 5, 1), F32)]),
+    ("npu_rms_norm_dynamic_mx_quant",
+     lambda: torch.ops.npu.npu_rms_norm_dynamic_mx_quant(_fake(2, 4, 96), _fake(96), dst_type=torch.float8_e4m3fn),
+     [((2, 4, 96), E4M3), ((2, 4, 2, 2), U8), ((0,), F32)]),
+    ("_npu_rms_norm_backward_quant",
+     lambda: torch.ops.npu._npu_rms_norm_backward_quant(_fake(3, 8), _fake(3, 8), _fake(3, 1, dtype=F32), _fake(8),
+                                                        _fake(8, dtype=F32)),
+     [((3, 8), I8), ((8,), F32)]),
+    ("npu_anti_mx_quant",
+     lambda: torch.ops.npu.npu_anti_mx_quant(_fake(4, 32, dtype=U8), _fake(4, 1, 2, dtype=U8), src_type=FP4),
+     [((4, 64), BF16)]),
+    ("npu_anti_mx_quant",
+     lambda: torch.ops.npu.npu_anti_mx_quant(_fake(4, 64, dtype=E4M3), _fake(4, 1, 2, dtype=U8), dst_type=5),
+     [((4, 64), F16)]),
+    ("npu_dynamic_mx_quant",
+     lambda: torch.ops.npu.npu_dynamic_mx_quant(_fake(8, 130)),
+     [((8, 65), U8), ((8, 3, 2), U8)]),
+    ("npu_dynamic_mx_quant",
+     lambda: torch.ops.npu.npu_dynamic_mx_quant(_fake(128, 6), axis=0, dst_type=torch.float8_e4m3fn, block_size=64),
+     [((128, 6), E4M3), ((1, 6, 2), U8)]),
+    ("npu_dynamic_mx_quant_with_dual_axis",
+     lambda: torch.ops.npu.npu_dynamic_mx_quant_with_dual_axis(_fake(96, 64), dst_type=E5M2_NPU),
+     [((96, 64), E5M2), ((96, 1, 2), U8), ((96, 64), E5M2), ((2, 64, 2), U8)]),
+    ("npu_dynamic_block_mx_quant",
+     lambda: torch.ops.npu.npu_dynamic_block_mx_quant(_fake(2, 64, 130)),
+     [((2, 64, 65), U8), ((2, 64, 3, 2), U8), ((2, 1, 130, 2), U8)]),
+    ("npu_dynamic_dual_level_mx_quant",
+     lambda: torch.ops.npu.npu_dynamic_dual_level_mx_quant(_fake(3, 1100)),
+     [((3, 550), U8), ((3, 3), F32), ((3, 18, 2), U8)]),
+    ("npu_grouped_dynamic_mx_quant",
+     lambda: torch.ops.npu.npu_grouped_dynamic_mx_quant(_fake(256, 40), _fake(3, dtype=I32)),
+     [((256, 40), E5M2), ((7, 40, 2), U8)]),
+    ("npu_grouped_dynamic_block_quant",
+     lambda: torch.ops.npu.npu_grouped_dynamic_block_quant(_fake(2, 10, 300), _fake(4, dtype=torch.int64),
+                                                           dst_type=torch.float8_e4m3fn),
+     [((2, 10, 300), E4M3), ((2, 14, 3), F32)]),
+    ("npu_quant_max",
+     lambda: torch.ops.npu.npu_quant_max(_fake(5, 7, dtype=BF16), _fake(1, dtype=F32)),
+     [((5, 7), E5M2), ((1,), BF16)]),
+    ("npu_gelu_quant",
+     lambda: torch.ops.npu.npu_gelu_quant(_fake(2, 3, 9)),
+     [((2, 3, 9), I8), ((2, 3), F32)]),
+    ("npu_gelu_quant",
+     lambda: torch.ops.npu.npu_gelu_quant(_fake(2, 9), input_scale=_fake(9), quant_mode="static", dst_type=HIF8),
+     [((2, 9), U8), None]),
+    ("npu_kronecker_quant",
+     lambda: torch.ops.npu.npu_kronecker_quant(_fake(6, 4, 16), _fake(4, 4), _fake(16, 16)),
+     [((6, 4, 2), I32), ((6,), F32)]),
+    ("npu_kronecker_quant",
+     lambda: torch.ops.npu.npu_kronecker_quant(_fake(6, 4, 40), _fake(4, 4), _fake(40, 40), dst_dtype=FP4),
+     [((6, 80), U8), ((6, 3, 2), U8)]),
+    ("npu_group_quant",
+     lambda: torch.ops.npu.npu_group_quant(_fake(6, 16), _fake(2, 16), _fake(2, dtype=I32), dst_dtype=torch.quint4x2),
+     [((6, 2), I32)]),
+    ("npu_group_quant",
+     lambda: torch.ops.npu.npu_group_quant(_fake(6, 16), _fake(2, 16), _fake(2, dtype=I32), dst_dtype=torch.quint8),
+     [((6, 16), U8)]),
+    ("npu_dequant_bias",
+     lambda: torch.ops.npu.npu_dequant_bias(_fake(4, 8, dtype=I32), _fake(8, dtype=F32), None, None,
+                                            output_dtype=torch.bfloat16),
+     [((4, 8), BF16)]),
+    ("npu_swiglu_quant",
+     lambda: torch.ops.npu.npu_swiglu_quant(_fake(3, 5, 16)),
+     [((3, 5, 8), I8), ((3, 5), F32)]),
+    ("npu_swiglu_quant",
+     lambda: torch.ops.npu.npu_swiglu_quant(_fake(3, 16), dst_type=torch.quint4x2),
+     [((3, 4), I8), ((3,), F32)]),
+    ("npu_dequant_swiglu_quant",
+     lambda: torch.ops.npu.npu_dequant_swiglu_quant(_fake(4, 10, 32, dtype=I32)),
+     [((4, 10, 16), I8), ((4, 10), F32)]),
+    ("npu_dequant_swiglu_quant",   # activate_dim 1: that dim halved in y and scale; float4 packed
+     lambda: torch.ops.npu.npu_dequant_swiglu_quant(_fake(4, 10, 32, dtype=I32), activate_dim=1, dst_type=FP4),
+     [((4, 5, 16), U8), ((4, 5), F32)]),
+    ("npu_swiglu_group_quant",
+     lambda: torch.ops.npu.npu_swiglu_group_quant(_fake(6, 32), group_index=_fake(3, dtype=torch.int64),
+                                                  quant_mode=3, output_origin=True),
+     [((6, 16), U8), ((3,), F32), ((6, 16), F16)]),
+    ("npu_swiglu_group_quant",
+     lambda: torch.ops.npu.npu_swiglu_group_quant(_fake(6, 32), quant_mode=2),
+     [((6, 16), U8), ((0,), F32), ((0,), F16)]),
+    ("npu_swiglu_group_quant_backward",
+     lambda: torch.ops.npu.npu_swiglu_group_quant_backward(_fake(6, 16), _fake(6, 32), weight=_fake(6, dtype=F32)),
+     [((6, 32), F16), ((6,), F32)]),
+    ("npu_swiglu_mx_quant",
+     lambda: torch.ops.npu.npu_swiglu_mx_quant(_fake(4, 256)),
+     [((4, 64), U8), ((4, 2, 2), U8)]),
+    ("npu_swiglu_mx_quant",   # grouped along axis 0: floor(rows / 64) + groups
+     lambda: torch.ops.npu.npu_swiglu_mx_quant(_fake(200, 128), group_index=_fake(3, dtype=torch.int64), axis=0,
+                                               dst_type=torch.float8_e4m3fn),
+     [((200, 64), E4M3), ((6, 64, 2), U8)]),
+    ("npu_swiglu_mx_quant_with_dual_axis",
+     lambda: torch.ops.npu.npu_swiglu_mx_quant_with_dual_axis(_fake(130, 256), group_index=_fake(2, dtype=torch.int64)),
+     [((130, 128), E4M3), ((130, 2, 2), U8), ((130, 128), E4M3), ((4, 128, 2), U8)]),
+    ("_npu_swiglu_backward_mx_quant_with_dual_axis",   # the documented test shapes
+     lambda: torch.ops.npu._npu_swiglu_backward_mx_quant_with_dual_axis(_fake(128, 128, dtype=BF16),
+                                                                       _fake(128, 64, dtype=BF16)),
+     [((128, 128), E4M3), ((128, 2, 2), U8), ((128, 128), E4M3), ((2, 128, 2), U8)]),
+    ("_npu_swiglu_backward_mx_quant_with_dual_axis",
+     lambda: torch.ops.npu._npu_swiglu_backward_mx_quant_with_dual_axis(_fake(128, 128, dtype=BF16),
+                                                                       _fake(128, 64, dtype=BF16),
+                                                                       group_index=_fake(2, dtype=torch.int64)),
+     [((128, 128), E4M3), ((128, 2, 2), U8), ((128, 128), E4M3), ((4, 128, 2), U8)]),
+    ("npu_ifmr",
+     lambda: torch.ops.npu.npu_ifmr(_fake(2, 3, dtype=F32), _fake(1, dtype=F32), _fake(1, dtype=F32),
+                                    _fake(64, dtype=torch.int32), 0.999, 0.999, 0.7, 1.3, 0.01, True),
+     [((1,), F32), ((1,), F32)]),
+    ("npu_weight_quant_preprocess",
+     lambda: torch.ops.npu.npu_weight_quant_preprocess(_fake(64, 32, dtype=U8), _fake(2, 32, 2, dtype=U8),
+                                                       292, FP4, E8M0, x_scale_dtype=E8M0),
+     [((64, 32), U8), ((2, 32, 2), U8), None, None]),
+]
+
+
+@pytest.mark.parametrize("name,call,expected", META_CASES, ids=[c[0] for c in META_CASES])
+def test_meta_shapes(name, call, expected):
+    with FakeTensorMode():
+        got = call()
+    assert _sig(got) == expected
+
+
+# one real call per meta-only op: the computation is still not emulated
+REAL_CALLS = {
+    "npu_add_rms_norm_quant": lambda: torch_npu.npu_add_rms_norm_quant(
+        torch.randn(2, 8), torch.randn(2, 8), torch.ones(8), torch.ones(8), None),
+    "npu_quant_max": lambda: torch.ops.npu.npu_quant_max(torch.randn(2, 4), torch.ones(1)),
+    "npu_swiglu_mx_quant": lambda: torch.ops.npu.npu_swiglu_mx_quant(torch.randn(2, 64)),
+    "npu_ifmr": lambda: torch.ops.npu.npu_ifmr(torch.randn(4), torch.zeros(1), torch.ones(1),
+                                               torch.zeros(8, dtype=torch.int32), 0.9, 0.9, 0.7, 1.3, 0.01, True),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REAL_CALLS))
+@pytest.mark.parametrize("device", DEVICES)
+def test_meta_only_ops_still_raise(name, device):
+    call = REAL_CALLS[name]
+    with pytest.raises(NotImplementedError) as info:
+        if device == "npu":
+            with torch.device("npu"):
+                call()
+        else:
+            call()
+    assert str(info.value) == not_emulated_message(name)
+
+
+def test_every_meta_kernel_has_the_schema_signature():
+    """Positional/keyword names, kwarg-only flags and defaults equal the registered schema's
+    (the dispatcher passes arguments by schema position)."""
+    import inspect
+    from torch_npu.op_plugin import _registry, norm_quant_meta_r8
+    fns = {n: f for n, f in _registry.META.items() if f.__module__ == norm_quant_meta_r8.__name__}
+    assert len(fns) == 28
+    for name, fn in fns.items():
+        schema = getattr(torch.ops.npu, _registry.base_name(name)).default._schema
+        params = list(inspect.signature(fn).parameters.values())
+        assert [p.name for p in params] == [a.name for a in schema.arguments], name
+        for p, a in zip(params, schema.arguments):
+            assert (p.kind == inspect.Parameter.KEYWORD_ONLY) == a.kwarg_only, (name, p.name)
+            assert (p.default is not inspect.Parameter.empty) == a.has_default_value(), (name, p.name)
+            if a.has_default_value():
+                assert p.default == a.default_value, (name, p.name)
+
+
+def test_meta_errors():
+    with FakeTensorMode():
+        with pytest.raises(RuntimeError, match="axis only support -1"):
+            torch.ops.npu.npu_add_rms_norm_quant(_fake(2, 8), _fake(2, 8), _fake(8), _fake(8), None, axis=0)
+        with pytest.raises(RuntimeError, match="block_size must be divisible by 32"):
+            torch.ops.npu.npu_dynamic_mx_quant(_fake(4, 64), block_size=48)
+        with pytest.raises(RuntimeError, match="divisible by 2"):
+            torch.ops.npu.npu_dynamic_mx_quant(_fake(4, 63))
+        with pytest.raises(RuntimeError, match="dtype must be torch.int8"):
+            torch.ops.npu.npu_swiglu_quant(_fake(4, 64), dst_type=torch.float16)
+    # arguments whose outputs are not documented raise NotImplementedError naming them (on Meta
+    # tensors directly; FakeTensorMode reports such an op as unsupported for those arguments)
+    meta = lambda *shape, dtype=torch.float16: torch.empty(*shape, dtype=dtype, device="meta")
+    with pytest.raises(NotImplementedError, match="quant_mode=0"):
+        torch.ops.npu.npu_swiglu_group_quant(meta(4, 64))
+    with pytest.raises(NotImplementedError, match="dst_type=12345"):
+        torch.ops.npu.npu_dynamic_mx_quant(meta(4, 64), dst_type=12345)
+    with pytest.raises(NotImplementedError, match="data flow"):
+        torch.ops.npu.npu_weight_quant_preprocess(meta(64, 32, dtype=U8), meta(2, 32, 2, dtype=U8), 1, 1, 1)
+    with pytest.raises(NotImplementedError, match="group_list"):
+        torch.ops.npu.npu_quant_max(meta(4, 8), meta(1), group_list=meta(2, dtype=torch.int64))

@@ -1,0 +1,557 @@
+"""Meta kernels (output shapes and dtypes only) for the quantising norm ops and the
+quantisation ops whose computation is not emulated yet.
+
+Each function has the op's schema signature and returns empty outputs with the shapes and
+dtypes op-plugin's adapter (``op_plugin/ops/opapi/*``) and meta registrations allocate, so
+FakeTensor tracing and ``torch.compile`` see through the op while a real CPU/npu call still
+raises ``NotImplementedError`` naming it.
+
+dtype arguments: an ``int`` schema slot receives either a PyTorch ScalarType code
+(``torch.int8`` -> 1, ``torch.float8_e4m3fn`` -> 24, ...) or a torch_npu ``_cd.DType`` code
+(``torch_npu.float8_e5m2`` -> 291, ``torch_npu.float4_e2m1fn_x2`` -> 296, ...). As on the
+device, float4 results are stored two per byte in uint8 (last dim halved), int4 /
+quint4x2 results eight per int32 (last dim / 8), hifloat8 in uint8, and float8_e8m0 MX
+scales in uint8. A value the adapters do not map raises ``NotImplementedError`` naming it.
+"""
+import math
+
+import torch
+
+from torch_npu.op_plugin._registry import meta
+from torch_npu.utils import _custom_dtype
+
+__all__ = []
+
+_SCALAR_TYPE_CODES = {
+    0: torch.uint8, 1: torch.int8, 2: torch.int16, 3: torch.int32, 4: torch.int64, 5: torch.float16,
+    6: torch.float32, 7: torch.float64, 11: torch.bool, 15: torch.bfloat16, 23: torch.float8_e5m2,
+    24: torch.float8_e4m3fn,
+}
+_QUINT4X2 = 16
+_FP4_CODES = (_custom_dtype.CODES["float4_e2m1fn_x2"], _custom_dtype.CODES["float4_e1m2fn_x2"])
+_INT4_CODE = _custom_dtype.CODES["int4"]
+_BYTE_CODES = (_custom_dtype.CODES["hifloat8"], _custom_dtype.CODES["float8_e8m0fnu"])
+
+
+def _fail(cond, op, message):
+    torch._check(cond, lambda: "%s: %s" % (op, message))
+
+
+def _unsupported(op, what):
+    raise NotImplementedError("%s: %s is not supported by the CPU-emulated NPU" % (op, what))
+
+
+def _code(value):
+    """The int code of a dtype argument given as an int or a torch.dtype."""
+    if isinstance(value, torch.dtype):
+        inverse = {v: k for k, v in _SCALAR_TYPE_CODES.items()}
+        if value == torch.quint4x2:
+            return _QUINT4X2
+        if value not in inverse:
+            return None
+        return inverse[value]
+    return int(value)
+
+
+def _storage(op, argname, value):
+    """``(storage dtype, elements per stored element)`` of a dtype argument's result."""
+    code = _code(value)
+    if code in _FP4_CODES:
+        return torch.uint8, 2
+    if code in (_QUINT4X2, _INT4_CODE):
+        return torch.int32, 8
+    if code in _BYTE_CODES:
+        return torch.uint8, 1
+    if code is not None and _custom_dtype.is_custom_code(code):
+        dt = _custom_dtype.to_torch_dtype(code)
+    else:
+        dt = _SCALAR_TYPE_CODES.get(code)
+    if dt is None:
+        _unsupported(op, "%s=%r" % (argname, value))
+    return dt, 1
+
+
+def _packed(op, shape, per, dim=-1):
+    """``shape`` with ``dim`` divided by the packing factor ``per`` (which must divide it)."""
+    shape = list(shape)
+    if per > 1:
+        _fail(shape[dim] % per == 0, op, "the last dim (%d) must be divisible by %d for a packed "
+              "(float4 / int4) result" % (shape[dim], per))
+        shape[dim] //= per
+    return shape
+
+
+def _new(ref, shape, dtype):
+    return ref.new_empty(list(shape), dtype=dtype)
+
+
+def _mx_scale_shape(shape, axis, block=32):
+    """MX scale layout: the quantised axis becomes ceil(ceil(n / block) / 2) and a trailing 2."""
+    shape = list(shape) + [2]
+    blocks = -(-shape[axis] // block)
+    shape[axis] = (blocks + 1) // 2
+    return shape
+
+
+def _rstd_keepdim(x, gamma):
+    k = gamma.dim()
+    return list(x.shape[:x.dim() - k]) + [1] * k
+
+
+def _check_dims(op, name, t, lo, hi):
+    _fail(lo <= t.dim() <= hi, op, "%s must be %d-D to %d-D, got %d-D" % (name, lo, hi, t.dim()))
+
+
+def _check_gamma(op, x, gamma):
+    k = gamma.dim()
+    _fail(1 <= k <= x.dim() and tuple(x.shape[x.dim() - k:]) == tuple(gamma.shape), op,
+          "gamma shape %s must equal the last dims of x %s" % (tuple(gamma.shape), tuple(x.shape)))
+
+
+# ------------------------------------------------------------------ quantising norms
+
+
+@meta("npu_add_rms_norm_quant")
+def npu_add_rms_norm_quant_meta(x1, x2, gamma, scales1, zero_points1, beta=None, scales2=None,
+                                zero_points2=None, *, axis=-1, epsilon=1e-06, div_mode=True, dst_type=None):
+    """``(y1, y2, x)``: y1/y2 have x1's shape in ``dst_type`` (default int8), x is x1's dtype."""
+    op = "npu_add_rms_norm_quant"
+    _fail(axis == -1, op, "axis only support -1.")
+    _fail(x1.shape == x2.shape, op, "the shape of x1 and x2 must be the same")
+    dt, _ = _storage(op, "dst_type", 1 if dst_type is None else dst_type)
+    return _new(x1, x1.shape, dt), _new(x1, x1.shape, dt), _new(x1, x1.shape, x1.dtype)
+
+
+@meta("npu_add_rms_norm_dynamic_quant")
+def npu_add_rms_norm_dynamic_quant_meta(x1, x2, gamma, *, smooth_scale1=None, smooth_scale2=None, beta=None,
+                                        epsilon=1e-6, output_mask=None, y_dtype=None):
+    """``(y1, y2, x, scale1, scale2)``: y in ``y_dtype`` (default int8; int4/quint4x2 packed
+    into int32), scales float32 over the leading dims; an output switched off (output_mask, or
+    y2 without both smooth scales) is a 0-d tensor."""
+    op = "npu_add_rms_norm_dynamic_quant"
+    _check_dims(op, "x1", x1, 2, 8)
+    _fail(x1.shape == x2.shape, op, "The shape of x1 and x2 must be the same")
+    if output_mask is not None:
+        _fail(output_mask[0] or output_mask[1], op,
+              "When the output_mask is not empty, at least one of y1 and y2 must be output.")
+        out1, out2 = bool(output_mask[0]), bool(output_mask[1])
+    else:
+        out1, out2 = True, smooth_scale1 is not None and smooth_scale2 is not None
+    dt, per = _storage(op, "y_dtype", 1 if y_dtype is None else y_dtype)
+    y_shape = _packed(op, x1.shape, per)
+    scale_shape = list(x1.shape[:-1])
+    y1 = _new(x1, y_shape if out1 else [], dt)
+    s1 = _new(x1, scale_shape if out1 else [], torch.float32)
+    y2 = _new(x1, y_shape if out2 else [], dt)
+    s2 = _new(x1, scale_shape if out2 else [], torch.float32)
+    return y1, y2, _new(x1, x1.shape, x1.dtype), s1, s2
+
+
+@meta("npu_add_rms_norm_dynamic_mx_quant")
+def npu_add_rms_norm_dynamic_mx_quant_meta(x1, x2, gamma, *, beta=None, epsilon=1e-06, scale_alg=0,
+                                           round_mode="rint", dst_type=296):
+    """``(y, x, mxscale, rstd)``: MX quantisation of RmsNorm(x1 + x2) along the last dim
+    (blocks of 32); rstd has its keepdim shape only when x1 and x2 require grad, else [0]."""
+    op = "npu_add_rms_norm_dynamic_mx_quant"
+    _check_dims(op, "x1", x1, 1, 7)
+    _fail(x1.shape == x2.shape, op, "The shape of x1 and x2 must be the same")
+    _fail(x1.requires_grad == x2.requires_grad, op, "The requires_grad of x1 and x2 must be consistent")
+    dt, per = _storage(op, "dst_type", dst_type)
+    y = _new(x1, _packed(op, x1.shape, per), dt)
+    mxscale = _new(x1, _mx_scale_shape(x1.shape, x1.dim() - 1), torch.uint8)
+    rstd_shape = _rstd_keepdim(x1, gamma) if (x1.requires_grad and x2.requires_grad) else [0]
+    return y, _new(x1, x1.shape, x1.dtype), mxscale, _new(x1, rstd_shape, torch.float32)
+
+
+@meta("npu_rms_norm_quant")
+def npu_rms_norm_quant_meta(x, gamma, beta, scale, offset, epsilon=1e-06, *, dst_dtype=None):
+    """``y`` with x's shape in ``dst_dtype`` (default int8; quint4x2/int4 packed into int32)."""
+    op = "npu_rms_norm_quant"
+    dt, per = _storage(op, "dst_dtype", 1 if dst_dtype is None else dst_dtype)
+    return _new(x, _packed(op, x.shape, per), dt)
+
+
+@meta("npu_rms_norm_quant_v2")
+def npu_rms_norm_quant_v2_meta(x, gamma, scale, *, offset=None, beta=None, epsilon=1e-06, div_mode=True,
+                               dst_dtype=None):
+    """``(y, rstd)``: y as npu_rms_norm_quant; rstd float32 ``x.shape[:-1] + (1,)`` when x
+    requires grad, else [0]."""
+    op = "npu_rms_norm_quant_v2"
+    dt, per = _storage(op, "dst_dtype", 1 if dst_dtype is None else dst_dtype)
+    rstd_shape = list(x.shape[:-1]) + [1] if x.requires_grad else [0]
+    return _new(x, _packed(op, x.shape, per), dt), _new(x, rstd_shape, torch.float32)
+
+
+@meta("npu_rms_norm_dynamic_mx_quant")
+def npu_rms_norm_dynamic_mx_quant_meta(x, gamma, *, beta=None, epsilon=1e-06, scale_alg=0, round_mode="rint",
+                                       dst_type=296):
+    """``(y, mxscale, rstd)``: MX quantisation of RmsNorm(x) along the last dim; rstd keepdim
+    when x requires grad, else [0]."""
+    op = "npu_rms_norm_dynamic_mx_quant"
+    _check_dims(op, "x", x, 1, 7)
+    dt, per = _storage(op, "dst_type", dst_type)
+    rstd_shape = _rstd_keepdim(x, gamma) if x.requires_grad else [0]
+    return (_new(x, _packed(op, x.shape, per), dt), _new(x, _mx_scale_shape(x.shape, x.dim() - 1), torch.uint8),
+            _new(x, rstd_shape, torch.float32))
+
+
+@meta("_npu_rms_norm_backward_quant")
+def _npu_rms_norm_backward_quant_meta(dy, x, rstd, gamma, scale_x, *, offset_x=None, div_mode=True,
+                                      quant_mode="static", dst_type=1):
+    """``(dx, dgamma)``: dx has dy's shape in ``dst_type`` (int8 by default), dgamma is
+    float32 with gamma's shape."""
+    op = "_npu_rms_norm_backward_quant"
+    _fail(dy.dim() >= 1 and x.dim() >= 1, op, "dy and x must have at least 1 dimension")
+    dt, _ = _storage(op, "dst_type", 1 if dst_type is None else dst_type)
+    return _new(dy, dy.shape, dt), _new(gamma, gamma.shape, torch.float32)
+
+
+# ------------------------------------------------------------------ quantisation
+
+
+@meta("npu_anti_mx_quant")
+def npu_anti_mx_quant_meta(x, mxscale, *, axis=-1, dst_type=15, src_type=292):
+    """MX dequantisation: ``y`` has x's shape (last dim doubled for a float4 ``src_type``)
+    in ``dst_type`` (default bfloat16)."""
+    op = "npu_anti_mx_quant"
+    axis = -1 if axis is None else axis
+    dst_type = 15 if dst_type is None else dst_type
+    src_type = 292 if src_type is None else src_type
+    _check_dims(op, "x", x, 1, 7)
+    _check_dims(op, "mxscale", mxscale, 2, 8)
+    _fail(-x.dim() <= axis < x.dim(), op, "Param (axis) is out of x dimension range")
+    shape = list(x.shape)
+    if _code(src_type) in _FP4_CODES:
+        _fail(x.dtype == torch.uint8, op, "When src_type is float4, x dtype must be uint8")
+        shape[-1] *= 2
+    dt, _ = _storage(op, "dst_type", dst_type)
+    return _new(x, shape, dt)
+
+
+@meta("npu_dynamic_mx_quant")
+def npu_dynamic_mx_quant_meta(input, *, axis=-1, round_mode="rint", dst_type=296, block_size=32, scale_alg=0,
+                              dst_type_max=0.0, max_low_bound=0.0):
+    """``(y, mxscale)``: y in ``dst_type`` (float4 packed), mxscale uint8 with the quantised
+    axis reduced to ceil(ceil(n / block_size) / 2) and a trailing 2."""
+    op = "npu_dynamic_mx_quant"
+    n = input.dim()
+    _fail(-n <= axis < n, op, "Parameter axis is out of input dimension range [%d, %d]" % (-n, n - 1))
+    _fail(block_size % 32 == 0 and 0 < block_size <= 1024, op,
+          "Parameter block_size must be divisible by 32 and no greater than 1024, greater than 0")
+    dt, per = _storage(op, "dst_type", dst_type)
+    return (_new(input, _packed(op, input.shape, per), dt),
+            _new(input, _mx_scale_shape(input.shape, axis % n, block_size), torch.uint8))
+
+
+@meta("npu_dynamic_mx_quant_with_dual_axis")
+def npu_dynamic_mx_quant_with_dual_axis_meta(input, *, round_mode="rint", dst_type=296, scale_alg=0,
+                                             dst_type_max=0.0):
+    """``(y1, mxscale1, y2, mxscale2)``: MX quantisation along the last axis (y1, mxscale1) and
+    along the second-to-last axis (y2, mxscale2), blocks of 32."""
+    op = "npu_dynamic_mx_quant_with_dual_axis"
+    _check_dims(op, "input", input, 2, 8)
+    dt, per = _storage(op, "dst_type", dst_type)
+    y_shape = _packed(op, input.shape, per)
+    n = input.dim()
+    return (_new(input, y_shape, dt), _new(input, _mx_scale_shape(input.shape, n - 1), torch.uint8),
+            _new(input, y_shape, dt), _new(input, _mx_scale_shape(input.shape, n - 2), torch.uint8))
+
+
+@meta("npu_dynamic_block_mx_quant")
+def npu_dynamic_block_mx_quant_meta(input, *, round_mode="rint", dst_type=296, scale_alg=0, dst_type_max=0.0):
+    """``(y, scale1, scale2)``: y in ``dst_type``; scale1/scale2 are the MX scale layouts of
+    the last and second-to-last axes (blocks of 32)."""
+    op = "npu_dynamic_block_mx_quant"
+    _check_dims(op, "input", input, 2, 8)
+    dt, per = _storage(op, "dst_type", dst_type)
+    n = input.dim()
+    return (_new(input, _packed(op, input.shape, per), dt),
+            _new(input, _mx_scale_shape(input.shape, n - 1), torch.uint8),
+            _new(input, _mx_scale_shape(input.shape, n - 2), torch.uint8))
+
+
+@meta("npu_dynamic_dual_level_mx_quant")
+def npu_dynamic_dual_level_mx_quant_meta(input, *, smooth_scale=None, round_mode="rint"):
+    """``(y, level0_scale, level1_scale)``: float4_e2m1 y packed in uint8; level0_scale float32
+    with the last dim ceil(n / 512); level1_scale the MX layout of blocks of 32."""
+    op = "npu_dynamic_dual_level_mx_quant"
+    _fail(input.dim() >= 1, op, "input must have at least 1 dimension")
+    level0 = list(input.shape)
+    level0[-1] = -(-level0[-1] // 512)
+    return (_new(input, _packed(op, input.shape, 2), torch.uint8), _new(input, level0, torch.float32),
+            _new(input, _mx_scale_shape(input.shape, input.dim() - 1), torch.uint8))
+
+
+@meta("npu_grouped_dynamic_mx_quant")
+def npu_grouped_dynamic_mx_quant_meta(x, group_index, *, round_mode="rint", dst_type=23, blocksize=32, scale_alg=0,
+                                      dst_type_max=0.0):
+    """``(y, mxscale)``: y has x's shape in float8 (``dst_type`` e5m2 or e4m3fn); mxscale is
+    ``[M // 64 + G, N, 2]`` uint8 for x ``[M, N]`` and G groups."""
+    op = "npu_grouped_dynamic_mx_quant"
+    _fail(x.dim() == 2, op, "Input x must be 2-dimensional, got dimNum %d" % x.dim())
+    _fail(group_index.dim() == 1, op, "Input group_index must be 1-dimensional, got dimNum %d" % group_index.dim())
+    _fail(blocksize == 32, op, "Parameter blocksize only supports 32, got %d" % blocksize)
+    dt, per = _storage(op, "dst_type", dst_type)
+    _fail(dt in (torch.float8_e5m2, torch.float8_e4m3fn) and per == 1, op,
+          "Parameter dst_type only supports torch.float8_e5m2(23), torch.float8_e4m3fn(24), got %r" % (dst_type,))
+    scale = [x.shape[0] // 2 // blocksize + group_index.shape[0], x.shape[-1], 2]
+    return _new(x, x.shape, dt), _new(x, scale, torch.uint8)
+
+
+@meta("npu_grouped_dynamic_block_quant")
+def npu_grouped_dynamic_block_quant_meta(x, group_list, *, min_scale=0.0, round_mode="rint", dst_type=291,
+                                         row_block_size=1, col_block_size=128, group_list_type=0, dst_type_max=0.0):
+    """``(y, scale)``: y has x's shape in ``dst_type``; scale float32 with the row dim
+    ``rows // row_block_size + G`` and the column dim ``ceil(cols / col_block_size)``."""
+    op = "npu_grouped_dynamic_block_quant"
+    _fail(row_block_size != 0, op, "row_block_size cannot be zero.")
+    _fail(group_list.dim() == 1, op, "group_list must be 1D tensor, got dim = %d" % group_list.dim())
+    _fail(x.dim() in (2, 3), op, "x must be 2 or 3 dimensional.")
+    if group_list_type != 0:
+        _unsupported(op, "group_list_type=%r (only 0 is documented)" % (group_list_type,))
+    dt, _ = _storage(op, "dst_type", dst_type)
+    scale = list(x.shape)
+    scale[-2] = scale[-2] // row_block_size + group_list.shape[0]
+    scale[-1] = -(-scale[-1] // col_block_size)
+    return _new(x, x.shape, dt), _new(x, scale, torch.float32)
+
+
+@meta("npu_quant_max")
+def npu_quant_max_meta(x, scale, *, round_mode="rint", dst_dtype=291, group_list=None):
+    """``(y, amax)``: y has x's shape in ``dst_dtype``; amax is ``[1]`` in x's dtype."""
+    op = "npu_quant_max"
+    if group_list is not None:
+        _unsupported(op, "group_list (its amax layout is not documented)")
+    dt, _ = _storage(op, "dst_dtype", dst_dtype)
+    return _new(x, x.shape, dt), _new(x, [1], x.dtype)
+
+
+@meta("npu_gelu_quant")
+def npu_gelu_quant_meta(self, *, input_scale=None, input_offset=None, approximate='none', quant_mode='dynamic',
+                        dst_type=None, round_mode='rint'):
+    """``(y, scale)``: y has the input's shape in ``dst_type`` (default int8); in dynamic mode
+    scale is float32 over the leading dims, in static mode it is undefined (None)."""
+    op = "npu_gelu_quant"
+    _fail(quant_mode in ("dynamic", "static"), op,
+          "Parameter quant_mode must be 'dynamic' or 'static', got: %s" % quant_mode)
+    dt, _ = _storage(op, "dst_type", 1 if dst_type is None else dst_type)
+    y = _new(self, self.shape, dt)
+    if quant_mode == "static":
+        return y, None
+    return y, _new(self, list(self.shape[:-1]), torch.float32)
+
+
+@meta("npu_kronecker_quant")
+def npu_kronecker_quant_meta(x, kronecker_p1, kronecker_p2, clip_ratio=None, dst_dtype=None, dst_type_max=None):
+    """``(out, quant_scale)`` of x ``[K, M, N]``: int32 (eight int4 per int32, last dim / 8) and
+    float32 ``[K]``; for float4_e2m1 out is ``[K, M * N // 2]`` uint8 and the scale
+    ``[K, ceil(M * N / 64), 2]`` uint8."""
+    op = "npu_kronecker_quant"
+    code = 3 if dst_dtype is None else _code(dst_dtype)
+    if code == _FP4_CODES[0]:
+        _fail(x.dim() == 3, op, "the dim num of input x must be 3")
+        mn = x.shape[-1] * x.shape[-2]
+        return _new(x, [x.shape[0], mn // 2], torch.uint8), _new(x, [x.shape[0], -(-mn // 64), 2], torch.uint8)
+    if code != 3:
+        _unsupported(op, "dst_dtype=%r (int32 or torch_npu.float4_e2m1fn_x2)" % (dst_dtype,))
+    _fail(x.shape[-1] % 8 == 0, op, "last dim of input x must be divisible by 8")
+    return _new(x, _packed(op, x.shape, 8), torch.int32), _new(x, [x.shape[0]], torch.float32)
+
+
+@meta("npu_group_quant")
+def npu_group_quant_meta(x, scale, group_index, *, offset=None, dst_dtype=None):
+    """``y`` with x's shape: int8 (default, qint8), uint8 (quint8) or int32 with the last dim
+    / 8 (quint4x2)."""
+    op = "npu_group_quant"
+    if dst_dtype is None or dst_dtype in (torch.qint8, torch.int8):
+        return _new(x, x.shape, torch.int8)
+    if dst_dtype in (torch.quint8, torch.uint8):
+        return _new(x, x.shape, torch.uint8)
+    if dst_dtype == torch.quint4x2:
+        _fail(x.shape[-1] % 8 == 0, op, "If dst_dtype is quint4x2, last dim must be divisible by 8")
+        return _new(x, _packed(op, x.shape, 8), torch.int32)
+    _unsupported(op, "dst_dtype=%s" % dst_dtype)
+
+
+@meta("npu_dequant_bias")
+def npu_dequant_bias_meta(x, weight_scale, activation_scale, bias, *, output_dtype=None):
+    """``y`` with x's shape in ``output_dtype`` (float16 by default, or bfloat16)."""
+    op = "npu_dequant_bias"
+    dt = torch.float16 if output_dtype is None else output_dtype
+    _fail(dt in (torch.float16, torch.bfloat16), op, "Only supported output_dtype is float16 and bfloat16")
+    return _new(x, x.shape, dt)
+
+
+# ------------------------------------------------------------------ SwiGLU + quantisation
+
+
+def _half_dim(shape, dim):
+    shape = list(shape)
+    shape[dim] //= 2
+    return shape
+
+
+@meta("npu_swiglu_quant")
+def npu_swiglu_quant_meta(x, *, smooth_scales=None, offsets=None, group_index=None, activate_left=False, quant_mode=0,
+                          group_list_type=0, dst_type=None):
+    """``(y, scale)``: y int8 with x's shape and the last dim halved (quarter for quint4x2:
+    two int4 per int8); scale float32 over the leading dims."""
+    op = "npu_swiglu_quant"
+    _fail(quant_mode in (0, 1), op, "quant_mode only support 0(static) or 1(dynamic), but got %r" % (quant_mode,))
+    _fail(group_list_type in (0, 1), op,
+          "group_list_type only support 0(cumsum) or 1(count), but got %r" % (group_list_type,))
+    _fail(dst_type in (None, torch.int8, torch.quint4x2), op,
+          "dtype must be torch.int8 for int8 or torch.quint4x2 for int4")
+    last = x.shape[-1]
+    _fail(last % 2 == 0, op, "x last dim size should be even")
+    _fail(dst_type != torch.quint4x2 or last % 4 == 0, op,
+          "x shape last dim must be divded by 4 when dst_type is torch.quint4x2, but got %d" % last)
+    y_last = last // 2 if dst_type != torch.quint4x2 else last // 4
+    return _new(x, list(x.shape[:-1]) + [y_last], torch.int8), _new(x, list(x.shape[:-1]), torch.float32)
+
+
+@meta("npu_dequant_swiglu_quant")
+def npu_dequant_swiglu_quant_meta(x, *, weight_scale=None, activation_scale=None, bias=None, quant_scale=None,
+                                  quant_offset=None, group_index=None, activate_left=False, quant_mode=0,
+                                  dst_type=None, round_mode=None, activate_dim=None, swiglu_mode=0, clamp_limit=7.0,
+                                  glu_alpha=1.702, glu_bias=1.0):
+    """``(y, scale)``: ``activate_dim`` (default -1) halved; y in ``dst_type`` (default int8,
+    float4 packed); scale float32 over every dim but the last (the activate dim halved)."""
+    op = "npu_dequant_swiglu_quant"
+    dim = (-1 if activate_dim is None else activate_dim) % x.dim()
+    dt, per = _storage(op, "dst_type", 1 if dst_type is None else dst_type)
+    y_shape = _packed(op, _half_dim(x.shape, dim), per)
+    scale_shape = _half_dim(x.shape, dim)[:-1] if dim < x.dim() - 1 else list(x.shape[:-1])
+    return _new(x, y_shape, dt), _new(x, scale_shape, torch.float32)
+
+
+@meta("npu_swiglu_group_quant")
+def npu_swiglu_group_quant_meta(x, *, weight=None, group_index=None, scale=None, dst_type=291, quant_mode=0,
+                                block_size=0, round_scale=False, clamp_limit=-1.0, dst_type_max=15.0,
+                                output_origin=False):
+    """``(y, y_scale, y_origin)`` for the hifloat8 modes 2 and 3: y uint8 (hifloat8) with the
+    last dim halved; y_scale [0] (mode 2) or float32 per group (mode 3); y_origin the
+    un-quantised SwiGLU output when ``output_origin``, else [0]."""
+    op = "npu_swiglu_group_quant"
+    _fail(x.shape[-1] % 2 == 0, op, "x last dim size should be even")
+    if quant_mode not in (2, 3):
+        _unsupported(op, "quant_mode=%r (the adapter allocates y only for modes 2 and 3)" % (quant_mode,))
+    half = _half_dim(x.shape, -1)
+    if quant_mode == 2:
+        y_scale = _new(x, [0], torch.float32)
+    else:
+        y_scale = _new(x, list(group_index.shape) if group_index is not None else [1], torch.float32)
+    y_origin = _new(x, half if output_origin else [0], x.dtype)
+    return _new(x, half, torch.uint8), y_scale, y_origin
+
+
+@meta("npu_swiglu_group_quant_backward")
+def npu_swiglu_group_quant_backward_meta(grad_y, x, *, weight=None, y_origin=None, group_index=None, clamp_limit=0.0):
+    """``(grad_x, grad_weight)``: grad_x like x; grad_weight like weight, or float32 [0]."""
+    op = "npu_swiglu_group_quant_backward"
+    _fail(x.shape[-1] % 2 == 0, op, "x last dim size should be even")
+    grad_w = _new(weight, weight.shape, weight.dtype) if weight is not None else _new(x, [0], torch.float32)
+    return _new(x, x.shape, x.dtype), grad_w
+
+
+@meta("npu_swiglu_mx_quant")
+def npu_swiglu_mx_quant_meta(x, *, group_index=None, activate_dim=-1, activate_left=False, swiglu_mode=0,
+                             clamp_limit=7.0, glu_alpha=1.702, glu_bias=1.0, group_mode=0, axis=-1, dst_type=296,
+                             round_mode="rint", scale_alg=0, max_dtype_value=0):
+    """``(y, mxscale)``: ``activate_dim`` halved; y in ``dst_type`` (float4 packed); mxscale
+    uint8 with the ``axis`` dim in blocks of 64 (plus G groups when grouped along a non-last
+    axis) and a trailing 2."""
+    op = "npu_swiglu_mx_quant"
+    n = x.dim()
+    _fail(n > 1, op, "x dim should larger than 1")
+    _fail(swiglu_mode in (0, 1), op, "swiglu_mode only support 0 or 1, but got %r" % (swiglu_mode,))
+    _fail(math.isfinite(clamp_limit) and clamp_limit > 0.0, op, "clamp_limit should be positive finite")
+    _fail(-n <= activate_dim < n, op, "activate_dim should be in range [0, x.dim()-1]")
+    _fail(-n <= axis < n, op, "quant_dim should be in range [0, x.dim()-1]")
+    act, qdim = activate_dim % n, axis % n
+    half = _half_dim(x.shape, act)
+    scale = list(half)
+    if group_index is not None and qdim != n - 1:
+        scale[qdim] = scale[qdim] // 64 + group_index.shape[0]
+    else:
+        scale[qdim] = -(-scale[qdim] // 64)
+    dt, per = _storage(op, "dst_type", dst_type)
+    return _new(x, _packed(op, half, per), dt), _new(x, scale + [2], torch.uint8)
+
+
+def _dual_axis_scales(ref, shape, group_index, grouped_floor_only):
+    """mxscale1: last dim in blocks of 64; mxscale2: second-to-last dim in blocks of 64 (floor
+    plus G groups when grouped; ``grouped_floor_only`` = floor without groups too)."""
+    s1 = list(shape)
+    s1[-1] = -(-s1[-1] // 64)
+    s2 = list(shape)
+    if group_index is not None:
+        s2[-2] = s2[-2] // 64 + group_index.shape[0]
+    elif grouped_floor_only:
+        s2[-2] = s2[-2] // 64
+    else:
+        s2[-2] = -(-s2[-2] // 64)
+    return _new(ref, s1 + [2], torch.uint8), _new(ref, s2 + [2], torch.uint8)
+
+
+@meta("npu_swiglu_mx_quant_with_dual_axis")
+def npu_swiglu_mx_quant_with_dual_axis_meta(x, *, group_index=None, activate_left=True, round_mode="rint",
+                                            scale_alg=1, dst_type=24, dst_type_max=0):
+    """``(y1, mxscale1, y2, mxscale2)`` of SwiGLU(x) (last dim halved) MX-quantised along the
+    last axis and along the second-to-last axis (blocks of 64)."""
+    op = "npu_swiglu_mx_quant_with_dual_axis"
+    _fail(x.dim() >= 2, op, "The input x should be at least 2D")
+    _fail(x.shape[-1] % 2 == 0, op, "The last dim of input must be divisible by 2")
+    half = _half_dim(x.shape, -1)
+    dt, per = _storage(op, "dst_type", dst_type)
+    y_shape = _packed(op, half, per)
+    s1, s2 = _dual_axis_scales(x, half, group_index, grouped_floor_only=True)
+    return _new(x, y_shape, dt), s1, _new(x, y_shape, dt), s2
+
+
+@meta("_npu_swiglu_backward_mx_quant_with_dual_axis")
+def _npu_swiglu_backward_mx_quant_with_dual_axis_meta(x, y_grad, *, group_index=None, activate_left=True,
+                                                       round_mode="rint", scale_alg=1, dst_type=24, dst_type_max=0):
+    """``(y1, mxscale1, y2, mxscale2)``: the SwiGLU input gradient (x's shape) MX-quantised along
+    the last axis and the second-to-last axis (blocks of 64; ceil without groups)."""
+    op = "_npu_swiglu_backward_mx_quant_with_dual_axis"
+    _fail(x.dim() >= 2, op, "The input x should be at least 2D")
+    _fail(list(y_grad.shape) == _half_dim(x.shape, -1), op,
+          "y_grad %s must be x %s with the last dim halved" % (tuple(y_grad.shape), tuple(x.shape)))
+    dt, per = _storage(op, "dst_type", dst_type)
+    y_shape = _packed(op, x.shape, per)
+    s1, s2 = _dual_axis_scales(x, x.shape, group_index, grouped_floor_only=False)
+    return _new(x, y_shape, dt), s1, _new(x, y_shape, dt), s2
+
+
+# ------------------------------------------------------------------ calibration / preprocessing
+
+
+@meta("npu_ifmr")
+def npu_ifmr_meta(data, data_min, data_max, cumsum, min_percentile, max_percentile, search_start, search_end,
+                  search_step, with_offset):
+    """``(scale, offset)``: both have data_min's shape and dtype."""
+    return _new(data_min, data_min.shape, data_min.dtype), _new(data_min, data_min.shape, data_min.dtype)
+
+
+@meta("npu_weight_quant_preprocess")
+def npu_weight_quant_preprocess_meta(weight, weight_scale, x_dtype, weight_dtype, weight_scale_dtype,
+                                     weight_offset=None, bias=None, x_scale_dtype=None, k_group_size=0):
+    """``(weight, weight_scale, weight_offset, bias)`` re-laid out for the MX A8W4 matmuls (the
+    only documented data flow: x float8_e4m3fn, weight float4_e2m1, both scales float8_e8m0;
+    2-D weight with 3-D scale, or 3-D grouped weight with 4-D scale). Views keep the input
+    shapes and dtypes; offset/bias are undefined (None) when not given."""
+    op = "npu_weight_quant_preprocess"
+    e4m3 = (_custom_dtype.CODES["float8_e4m3fn"], 24)
+    e8m0 = _custom_dtype.CODES["float8_e8m0fnu"]
+    flow = (_code(x_dtype) in e4m3 and _code(weight_dtype) == _FP4_CODES[0] and x_scale_dtype is not None
+            and _code(x_scale_dtype) == e8m0 and _code(weight_scale_dtype) == e8m0)
+    if not flow or weight.dim() not in (2, 3):
+        _unsupported(op, "this data flow (x_dtype=%r, weight_dtype=%r, weight_scale_dtype=%r, x_scale_dtype=%r, "
+                         "weight %d-D)" % (x_dtype, weight_dtype, weight_scale_dtype, x_scale_dtype, weight.dim()))
+    _fail(weight_scale.dim() == weight.dim() + 1, op, "Input weight scale tensor should be %dD, but got %d"
+          % (weight.dim() + 1, weight_scale.dim()))
+    offset = None if weight_offset is None else _new(weight_offset, weight_offset.shape, weight_offset.dtype)
+    out_bias = None if bias is None else _new(bias, bias.shape, bias.dtype)
+    return (_new(weight, weight.shape, weight.dtype), _new(weight_scale, weight_scale.shape, weight_scale.dtype),
+            offset, out_bias)
