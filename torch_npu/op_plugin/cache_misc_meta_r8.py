@@ -219,15 +219,6 @@ def npu_rotated_box_decode(self, deltas, weight):
     return torch.empty_like(self)
 
 
-@meta("npu_roi_alignbk")
-def npu_roi_alignbk(self, rois, xdiff_shape, pooled_width, pooled_height, spatial_scale, sample_num,
-                    roi_end_mode=None):
-    """The gradient of the RoIAlign input: ``xdiff_shape`` (B, C, H, W) in the gradient's dtype."""
-    _check(len(xdiff_shape) == 4, "npu_roi_alignbk", "xdiff_shape must be (B, C, H, W), got %s"
-           % (list(xdiff_shape),))
-    return self.new_empty(tuple(xdiff_shape))
-
-
 # ----------------------------------------------------------------- HANS lossless compression
 
 @meta("npu_hans_encode.out")
