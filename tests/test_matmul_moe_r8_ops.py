@@ -14,6 +14,7 @@ from torch_npu.op_plugin._registry import IMPLEMENTED, META, not_emulated_messag
 
 npu = torch.ops.npu
 DEVICES = ["cpu", "npu"]
+I8, I32, I64, F32, BF16, U8 = torch.int8, torch.int32, torch.int64, torch.float32, torch.bfloat16, torch.uint8
 
 
 def _perm(t, k, e, seed=0):
@@ -134,6 +135,157 @@ def test_token_grads_fake_shapes():
         a, b = npu.npu_moe_token_unpermute_grad(torch.empty(10, 8), torch.empty(6, 8), si,
                                                 torch.empty(6, 2))
         assert a.shape == (10, 8) and b.shape == (6, 2)
+
+
+# ----------------------------------------------------------------- routing-map permute / unpermute
+
+def test_permute_with_routing_map_doc_example():
+    tokens = torch.tensor([[0.1] * 4, [0.2] * 4, [0.3] * 4], dtype=torch.float16).npu()
+    routing_map = torch.ones((3, 2), dtype=torch.int8).npu()
+    permuted, _, sorted_indices = torch_npu.npu_moe_token_permute_with_routing_map(tokens, routing_map,
+                                                                                   num_out_tokens=6)
+    assert sorted_indices.cpu().tolist() == [0, 3, 1, 4, 2, 5] and sorted_indices.dtype == torch.int32
+    torch.testing.assert_close(permuted[sorted_indices.long()].cpu(), tokens.cpu().repeat_interleave(2, 0))
+    probs = torch.tensor([[0.5, 0.3], [0.4, 0.6], [0.2, 0.8]], dtype=torch.float16).npu()
+    _, permuted_probs, _ = torch_npu.npu_moe_token_permute_with_routing_map(tokens, routing_map, probs=probs,
+                                                                            num_out_tokens=6)
+    torch.testing.assert_close(permuted_probs.cpu(), torch.tensor([0.5, 0.4, 0.2, 0.3, 0.6, 0.8]).half())
+    permuted, _, sorted_indices = torch_npu.npu_moe_token_permute_with_routing_map(
+        tokens, routing_map, num_out_tokens=4, drop_and_pad=True)
+    assert permuted.shape == (4, 4) and sorted_indices.shape == (4,)
+
+
+def _routing_map(t, e, k, seed):
+    g = torch.Generator().manual_seed(seed)
+    rm = torch.zeros(t, e, dtype=torch.bool)
+    for i in range(t):
+        rm[i, torch.randperm(e, generator=g)[:k]] = True
+    return rm
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_permute_unpermute_with_routing_map_no_pad(device, dtype):
+    t, e, k, h = 5, 4, 2, 3
+    rm = _routing_map(t, e, k, seed=4)
+    tokens = torch.randn(t, h).to(dtype)
+    probs = torch.rand(t, e).to(dtype)
+    # reference: the selected (expert, token) pairs in expert-major order
+    pairs = [(ex, tk) for ex in range(e) for tk in range(t) if rm[tk, ex]]
+    first = [tk for _, tk in pairs]
+    slots = sorted(range(len(first)), key=lambda i: (first[i], i))          # token-major slot order
+    exp_sorted = [0] * len(first)
+    for rank, pos in enumerate(slots):
+        exp_sorted[rank] = pos
+    permuted, permuted_probs, sorted_indices = torch_npu.npu_moe_token_permute_with_routing_map(
+        tokens.to(device), rm.to(torch.int8).to(device), probs=probs.to(device), num_out_tokens=t * k)
+    assert permuted.device.type == device and permuted.dtype == dtype
+    torch.testing.assert_close(permuted.cpu(), tokens[first])
+    assert sorted_indices.cpu().tolist() == exp_sorted
+    torch.testing.assert_close(permuted_probs.cpu(), torch.stack([probs[tk, ex] for ex, tk in pairs]))
+    # unpermute: out[t] = sum_k permuted[sorted_indices[t*k + j]] * probs[t, k-th selected expert]
+    out = torch_npu.npu_moe_token_unpermute_with_routing_map(permuted, sorted_indices, [t, h],
+                                                             probs=probs.to(device), routing_map=rm.to(device))
+    expected = torch.zeros(t, h, dtype=torch.float64)
+    for tk in range(t):
+        experts = [ex for ex in range(e) if rm[tk, ex]]
+        for j, ex in enumerate(experts):
+            expected[tk] += permuted.cpu()[exp_sorted[tk * k + j]].double() * probs[tk, ex].double()
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out.cpu().double(), expected, atol=tol, rtol=tol)
+    # the grad op is the adjoint: tokens get the sum of their copies, probs the gradient at their slot
+    g = torch.randn(t * k, h).to(dtype)
+    pg = torch.randn(t * k).to(dtype)
+    tg, probs_g = npu.npu_moe_token_permute_with_routing_map_grad(g.to(device), pg.to(device), sorted_indices,
+                                                                  rm.to(device), e, t, False)
+    exp_tg = torch.zeros(t, h, dtype=torch.float64)
+    exp_pg = torch.zeros(t, e, dtype=torch.float64)
+    for row, tk in enumerate(first):
+        exp_tg[tk] += g[row].double()
+        exp_pg[tk, pairs[row][0]] = pg[row].double()
+    torch.testing.assert_close(tg.cpu().double(), exp_tg, atol=tol, rtol=tol)
+    torch.testing.assert_close(probs_g.cpu().double(), exp_pg)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_permute_unpermute_with_routing_map_drop_and_pad(device):
+    t, e, cap, h = 5, 3, 2, 4
+    rm = _routing_map(t, e, 1, seed=5)
+    rm[0, :] = True                                       # expert load 3 > capacity 2: one token dropped
+    tokens = torch.randn(t, h, dtype=torch.float64)
+    probs = torch.rand(t, e, dtype=torch.float64)
+    ids = []
+    for ex in range(e):
+        chosen = [tk for tk in range(t) if rm[tk, ex]] + [tk for tk in range(t) if not rm[tk, ex]]
+        ids += chosen[:cap]
+    permuted, permuted_probs, sorted_indices = torch_npu.npu_moe_token_permute_with_routing_map(
+        tokens.to(device), rm.to(device), probs=probs.to(device), num_out_tokens=e * cap, drop_and_pad=True)
+    assert sorted_indices.cpu().tolist() == ids
+    torch.testing.assert_close(permuted.cpu(), tokens[ids])
+    exp_probs = torch.tensor([probs[ids[i], i // cap] for i in range(e * cap)], dtype=torch.float64)
+    torch.testing.assert_close(permuted_probs.cpu(), exp_probs)
+    expected = torch.zeros(t, h, dtype=torch.float64)
+    for i, tk in enumerate(ids):
+        expected[tk] += permuted.cpu()[i] * exp_probs[i]
+    out, out_index, token_ids, pp = npu._npu_moe_token_unpermute_with_routing_map(
+        permuted, sorted_indices, [t, h], probs=probs.to(device), routing_map=rm.to(device), drop_and_pad=True)
+    torch.testing.assert_close(out.cpu(), expected)
+    order = sorted(range(len(ids)), key=lambda i: (ids[i], i))
+    assert out_index.cpu().tolist() == order and token_ids.cpu().tolist() == sorted(ids)
+    torch.testing.assert_close(pp.cpu(), exp_probs)
+    public = torch_npu.npu_moe_token_unpermute_with_routing_map(permuted, sorted_indices, [t, h],
+                                                                probs=probs.to(device), drop_and_pad=True)
+    torch.testing.assert_close(public.cpu(), expected)
+    # unpermute grad: each slot gets its token's gradient times its prob; probs get <grad, slot row>
+    g = torch.randn(t, h, dtype=torch.float64)
+    pgrad, probs_grad = npu.npu_moe_token_unpermute_with_routing_map_grad(
+        g.to(device), out_index, token_ids, rm.to(device), permuted, probs.to(device), True, [t, h])
+    exp_pgrad = torch.stack([g[tk] * exp_probs[i] for i, tk in enumerate(ids)])
+    exp_probs_grad = torch.zeros(t, e, dtype=torch.float64)
+    for i, tk in enumerate(ids):
+        exp_probs_grad[tk, i // cap] += (g[tk] * permuted.cpu()[i]).sum()
+    torch.testing.assert_close(pgrad.cpu(), exp_pgrad)
+    torch.testing.assert_close(probs_grad.cpu(), exp_probs_grad)
+    # permute grad in drop_and_pad mode: scatter-add back to the tokens / (token, expert)
+    gp = torch.randn(e * cap, h, dtype=torch.float64)
+    pg = torch.randn(e * cap, dtype=torch.float64)
+    tg, probs_g = npu.npu_moe_token_permute_with_routing_map_grad(gp.to(device), pg.to(device), sorted_indices,
+                                                                  rm.to(device), e, t, True)
+    exp_tg = torch.zeros(t, h, dtype=torch.float64)
+    exp_pg = torch.zeros(t, e, dtype=torch.float64)
+    for i, tk in enumerate(ids):
+        exp_tg[tk] += gp[i]
+        exp_pg[tk, i // cap] += pg[i]
+    torch.testing.assert_close(tg.cpu(), exp_tg)
+    torch.testing.assert_close(probs_g.cpu(), exp_pg)
+
+
+def test_routing_map_ops_autograd_fake_and_errors():
+    t, e, k, h = 4, 3, 2, 2
+    rm = _routing_map(t, e, k, seed=6)
+    tokens = torch.randn(t, h, dtype=torch.float64, requires_grad=True)
+    probs = torch.rand(t, e, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(
+        lambda a, b: torch_npu.npu_moe_token_permute_with_routing_map(a, rm, probs=b, num_out_tokens=t * k)[:2],
+        (tokens, probs))
+    with FakeTensorMode():
+        p, pp, si = torch_npu.npu_moe_token_permute_with_routing_map(
+            torch.empty(6, 4, dtype=BF16), torch.empty(6, 3, dtype=torch.bool), probs=torch.empty(6, 3, dtype=F32),
+            num_out_tokens=14)
+        assert (p.shape, pp.shape, pp.dtype, si.shape, si.dtype) == ((12, 4), (12,), F32, (12,), I32)
+        p, _, si = torch_npu.npu_moe_token_permute_with_routing_map(
+            torch.empty(6, 4), torch.empty(6, 3, dtype=torch.bool), num_out_tokens=7, drop_and_pad=True)
+        assert p.shape == (6, 4) and si.shape == (6,)
+        out = torch_npu.npu_moe_token_unpermute_with_routing_map(torch.empty(12, 4), torch.empty(12, dtype=I32),
+                                                                 [6, 4])
+        assert out.shape == (6, 4)
+    with pytest.raises(RuntimeError, match="must select topK = num_out_tokens // tokens_num = 3"):
+        torch_npu.npu_moe_token_permute_with_routing_map(tokens.detach(), rm, num_out_tokens=t * 3)
+    with pytest.raises(NotImplementedError, match="drop_and_pad=False"):
+        npu._npu_moe_token_unpermute_with_routing_map(torch.randn(8, 2), torch.arange(8, dtype=I32), [4, 2])
+    with pytest.raises(NotImplementedError, match="drop_and_pad=False"):
+        npu.npu_moe_token_unpermute_with_routing_map_grad(torch.randn(4, 2), torch.arange(8, dtype=I32),
+                                                          torch.arange(8, dtype=I32), None, None, None, False, [4, 2])
 
 
 # ----------------------------------------------------------------- grouped matmul add
@@ -277,7 +429,6 @@ def E(*shape, dtype=torch.float16):
     return torch.empty(shape, dtype=dtype)
 
 
-I8, I32, I64, F32, BF16, U8 = torch.int8, torch.int32, torch.int64, torch.float32, torch.bfloat16, torch.uint8
 
 # (overload, builder of (args, kwargs) under FakeTensorMode, expected [(shape, dtype) or None per output])
 META_CASES = [
@@ -336,20 +487,6 @@ META_CASES = [
      [((4, 3, 4), I8), ((12,), I32), None, ((4,), I32), None]),
     ("npu_moe_re_routing", lambda: ((E(9, 4, dtype=I8), E(2, 3, dtype=I32)), {}),
      [((9, 4), I8), ((9,), F32), ((9,), I32), ((3,), I32)]),
-    ("npu_moe_token_permute_with_routing_map", lambda: ((E(6, 4, dtype=BF16), E(6, 3, dtype=torch.bool)),
-                                                        {"probs": E(6, 3, dtype=BF16), "num_out_tokens": 14}),
-     [((12, 4), BF16), ((12,), BF16), ((12,), I32)]),
-    ("npu_moe_token_permute_with_routing_map_grad", lambda: ((E(12, 4), None, E(12, dtype=I32),
-                                                              E(6, 3, dtype=torch.bool), 3, 6, False), {}),
-     [((6, 4), torch.float16), None]),
-    ("npu_moe_token_unpermute_with_routing_map", lambda: ((E(12, 4), E(12, dtype=I32), [6, 4]), {}),
-     [((6, 4), torch.float16)]),
-    ("_npu_moe_token_unpermute_with_routing_map", lambda: ((E(12, 4), E(12, dtype=I32), [6, 4]),
-                                                           {"probs": E(6, 3, dtype=F32)}),
-     [((6, 4), torch.float16), ((12,), I32), ((12,), I32), ((12,), F32)]),
-    ("npu_moe_token_unpermute_with_routing_map_grad", lambda: ((E(6, 4), E(12, dtype=I32), E(12, dtype=I32), None,
-                                                                None, E(6, 3), False, [6, 4]), {}),
-     [((12, 4), torch.float16), ((6, 3), torch.float16)]),
     # ep 4 ranks, 8 experts, bs 3, k 2: 2 local experts, a = 12 * min(2, 2) = 24
     ("npu_moe_distribute_dispatch", lambda: ((E(3, 16, dtype=BF16), E(3, 2, dtype=I32), "ep", 4, 1, 8), {}),
      [((24, 16), BF16), ((24,), F32), ((6,), I32), ((2,), I64), ((8,), I32), ((0,), I32), ((0,), F32)]),

@@ -360,53 +360,6 @@ def npu_moe_re_routing(tokens, expert_token_num_per_rank, *, per_token_scales=No
             _empty((expert_token_num_per_rank.shape[1],), expert_token_num_per_rank.dtype, tokens))
 
 
-@meta("npu_moe_token_permute_with_routing_map")
-def npu_moe_token_permute_with_routing_map(tokens, routing_map, *, probs=None, num_out_tokens=None,
-                                           drop_and_pad=False):
-    op = "npu_moe_token_permute_with_routing_map"
-    _check(tokens.dim() == 2 and routing_map.dim() == 2, op, "tokens and routing_map must be 2-D")
-    if num_out_tokens is None:
-        num_out_tokens = tokens.shape[0]
-    # whole multiples of the experts (drop_and_pad) or of the tokens
-    unit = routing_map.shape[1] if drop_and_pad else routing_map.shape[0]
-    out_rows = num_out_tokens // unit * unit
-    permuted_probs = None if probs is None else _empty((out_rows,), probs.dtype, tokens)
-    return (_empty((out_rows, tokens.shape[1]), tokens.dtype, tokens), permuted_probs,
-            _empty((out_rows,), torch.int32, tokens))
-
-
-@meta("npu_moe_token_permute_with_routing_map_grad")
-def npu_moe_token_permute_with_routing_map_grad(permuted_token_out_grad, probs_grad, sorted_indices, routing_map,
-                                                experts_num, tokens_num, drop_and_pad):
-    g = permuted_token_out_grad
-    probs_out = None if probs_grad is None else _empty((tokens_num, experts_num), probs_grad.dtype, g)
-    return _empty((tokens_num, g.shape[1]), g.dtype, g), probs_out
-
-
-@meta("npu_moe_token_unpermute_with_routing_map")
-def npu_moe_token_unpermute_with_routing_map(permuted_tokens, sorted_indices, restore_shape, *, probs=None,
-                                             routing_map=None, drop_and_pad=False):
-    return _empty((restore_shape[0], restore_shape[1]), permuted_tokens.dtype, permuted_tokens)
-
-
-@meta("_npu_moe_token_unpermute_with_routing_map")
-def _npu_moe_token_unpermute_with_routing_map(permuted_tokens, sorted_indices, restore_shape, *, probs=None,
-                                              routing_map=None, drop_and_pad=False):
-    p = permuted_tokens
-    out = _empty((restore_shape[0], restore_shape[1]), p.dtype, p)
-    permute_probs = None if probs is None else _empty(sorted_indices.shape, probs.dtype, p)
-    return (out, _empty(sorted_indices.shape, sorted_indices.dtype, p),
-            _empty(sorted_indices.shape, sorted_indices.dtype, p), permute_probs)
-
-
-@meta("npu_moe_token_unpermute_with_routing_map_grad")
-def npu_moe_token_unpermute_with_routing_map_grad(unpermuted_tokens_grad, out_index, permuted_token_id, routing_map,
-                                                  permuted_tokens, probs, drop_and_pad, restore_shape):
-    g = unpermuted_tokens_grad
-    probs_grad = None if probs is None else _empty(probs.shape, g.dtype, g)
-    return _empty((out_index.shape[0], g.shape[1]), g.dtype, g), probs_grad
-
-
 # ----------------------------------------------------------------- MoE distribute (expert parallel)
 
 def _dispatch_sizes(x, expert_ids, ep_world_size, ep_rank_id, moe_expert_num, expert_shard_type,
