@@ -251,6 +251,113 @@ def test_emulated_norms_fake_shapes():
         assert [tuple(o.shape) for o in out] == [(2, 3, 8), (8,), (8,)]
 
 
+# ------------------------------------------------------------------ RmsNorm + int8 quant (emulated)
+
+
+def _rms_ref_beta(x, gamma, beta, eps):
+    """float64 ``x * rstd * gamma + beta`` over gamma's trailing dims."""
+    y, _ = _rms_ref(x, gamma, eps)
+    return y if beta is None else y + beta
+
+
+def _q8_ref(v):
+    """round half to even, saturated to int8 (float64 reference)."""
+    return torch.round(v).clamp(-128, 127)
+
+
+def _assert_int8_close(got, ref):
+    """float32 (device) vs float64 (reference) arithmetic may land on the other side of a
+    rounding boundary: at most 1 apart, and nearly all equal."""
+    diff = (got.cpu().double() - ref).abs()
+    assert got.dtype == torch.int8
+    assert float(diff.max()) <= 1.0
+    assert float((diff == 0).double().mean()) >= 0.98
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_rms_norm_quant(device, dtype):
+    x, gamma, beta = _rand(6, 64, seed=80).to(dtype), _rand(64, seed=81).to(dtype), _rand(64, seed=82).to(dtype)
+    scale, offset = torch.tensor([40.0], dtype=dtype), torch.tensor([3], dtype=torch.int8)
+    d = lambda t: t.to(device)
+    y = torch_npu.npu_rms_norm_quant(d(x), d(gamma), d(beta), d(scale), d(offset), 1e-6)
+    unclamped = _rms_ref_beta(x.double(), gamma.double(), beta.double(), 1e-6) * scale.double() + 3
+    assert float(unclamped.abs().max()) > 128          # the data exercises saturation
+    assert y.device.type == device and y.shape == (6, 64)
+    _assert_int8_close(y, _q8_ref(unclamped))
+    # gamma/beta given as (1, N) are accepted
+    y2 = torch_npu.npu_rms_norm_quant(d(x), d(gamma.reshape(1, 64)), d(beta.reshape(1, 64)), d(scale), d(offset))
+    assert torch.equal(y2.cpu(), y.cpu())
+    with pytest.raises(NotImplementedError, match="dst_dtype"):
+        torch_npu.npu_rms_norm_quant(d(x), d(gamma), d(beta), d(scale), d(offset), dst_dtype=torch.quint4x2)
+    with pytest.raises(RuntimeError, match="must have shape"):
+        torch_npu.npu_rms_norm_quant(d(x), d(gamma), d(beta), d(scale.repeat(2)), d(offset))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("div_mode", [True, False])
+def test_add_rms_norm_quant(device, div_mode):
+    dtype = torch.float16
+    x1, x2 = _rand(3, 4, 32, seed=90).to(dtype), _rand(3, 4, 32, seed=91).to(dtype)
+    gamma, beta = _rand(4, 32, seed=92).to(dtype), _rand(4, 32, seed=93).to(dtype)
+    s1 = (_rand(4, 32, seed=94).abs() * 0.05 + 0.01).float()
+    s2 = (_rand(4, 32, seed=95).abs() * 0.05 + 0.01).float()
+    z1 = torch.randint(-5, 5, (4, 32), generator=torch.Generator().manual_seed(96), dtype=torch.int32)
+    d = lambda t: None if t is None else t.to(device)
+    y = _rms_ref_beta(x1.double() + x2.double(), gamma.double(), beta.double(), 1e-6)
+    q = (lambda s, z: y / s.double() + z) if div_mode else (lambda s, z: y * s.double() + z)
+    y1, y2, x = torch_npu.npu_add_rms_norm_quant(d(x1), d(x2), d(gamma), d(s1), d(z1), d(beta), d(s2), None,
+                                                 div_mode=div_mode)
+    _assert_int8_close(y1, _q8_ref(q(s1, z1.double())))
+    _assert_int8_close(y2, _q8_ref(q(s2, 0.0)))
+    assert x.dtype == dtype
+    _close(x, x1.double() + x2.double(), 2e-3, 2e-3)
+    # no beta, no scales2: y2 is defined as zeros here (the kernel leaves it unwritten)
+    y1, y2, _ = torch_npu.npu_add_rms_norm_quant(d(x1), d(x2), d(gamma), d(s1), None, div_mode=div_mode)
+    y_nb = _rms_ref_beta(x1.double() + x2.double(), gamma.double(), None, 1e-6)
+    _assert_int8_close(y1, _q8_ref(y_nb / s1.double() if div_mode else y_nb * s1.double()))
+    assert not y2.cpu().any()
+    with pytest.raises(RuntimeError, match="axis only support -1"):
+        torch_npu.npu_add_rms_norm_quant(d(x1), d(x2), d(gamma), d(s1), None, axis=0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_add_rms_norm_dynamic_quant(device):
+    dtype = torch.bfloat16
+    x1, x2 = _rand(2, 5, 48, seed=100).to(dtype), _rand(2, 5, 48, seed=101).to(dtype)
+    gamma, beta = _rand(48, seed=102).to(dtype), _rand(48, seed=103).to(dtype)
+    sm1, sm2 = (_rand(48, seed=104).abs() + 0.5).to(dtype), (_rand(48, seed=105).abs() + 0.5).to(dtype)
+    d = lambda t: None if t is None else t.to(device)
+    y = _rms_ref_beta(x1.double() + x2.double(), gamma.double(), beta.double(), 1e-6)
+
+    def dyn(v):
+        scale = v.abs().amax(-1) / 127
+        return _q8_ref(v / scale.unsqueeze(-1)), scale
+
+    y1, y2, x, sc1, sc2 = torch_npu.npu_add_rms_norm_dynamic_quant(d(x1), d(x2), d(gamma), smooth_scale1=d(sm1),
+                                                                   smooth_scale2=d(sm2), beta=d(beta))
+    for got_y, got_s, smooth in ((y1, sc1, sm1), (y2, sc2, sm2)):
+        ref_y, ref_s = dyn(y * smooth.double())
+        assert got_s.dtype == torch.float32 and got_s.shape == (2, 5)
+        _close(got_s, ref_s, 1e-5, 1e-5)
+        _assert_int8_close(got_y, ref_y)
+    _close(x, x1.double() + x2.double(), 2e-2, 2e-2)
+    # default: only y1 (no smooth scales); y2/scale2 are 0-d
+    y1, y2, _, sc1, sc2 = torch_npu.npu_add_rms_norm_dynamic_quant(d(x1), d(x2), d(gamma))
+    ref_y, ref_s = dyn(_rms_ref_beta(x1.double() + x2.double(), gamma.double(), None, 1e-6))
+    _assert_int8_close(y1, ref_y)
+    _close(sc1, ref_s, 1e-5, 1e-5)
+    assert y2.shape == () and sc2.shape == ()
+    # output_mask picks y2 only
+    y1, y2, _, sc1, sc2 = torch_npu.npu_add_rms_norm_dynamic_quant(d(x1), d(x2), d(gamma), output_mask=[False, True])
+    assert y1.shape == () and y2.shape == (2, 5, 48)
+    _assert_int8_close(y2, ref_y)
+    with pytest.raises(RuntimeError, match="at least one of y1 and y2"):
+        torch_npu.npu_add_rms_norm_dynamic_quant(d(x1), d(x2), d(gamma), output_mask=[False, False])
+    with pytest.raises(NotImplementedError, match="y_dtype"):
+        torch_npu.npu_add_rms_norm_dynamic_quant(d(x1), d(x2), d(gamma), y_dtype=torch.quint4x2)
+
+
 # ------------------------------------------------------------------ Meta-only ops
 
 FP4 = 296          # torch_npu.float4_e2m1fn_x2
@@ -280,10 +387,10 @@ META_CASES = [
     ("npu_add_rms_norm_dynamic_quant",
      lambda: torch.ops.npu.npu_add_rms_norm_dynamic_quant(_fake(4, 64), _fake(4, 64), _fake(64)),
      [((4, 64), I8), ((), I8), ((4, 64), F16), ((4,), F32), ((), F32)]),
-    ("npu_add_rms_norm_dynamic_quant",   # both outputs, int4 packed eight per int32
+    ("npu_add_rms_norm_dynamic_quant",   # both outputs
      lambda: torch.ops.npu.npu_add_rms_norm_dynamic_quant(_fake(4, 64), _fake(4, 64), _fake(64),
-                                                          output_mask=[True, True], y_dtype=torch.quint4x2),
-     [((4, 8), I32), ((4, 8), I32), ((4, 64), F16), ((4,), F32), ((4,), F32)]),
+                                                          output_mask=[True, True]),
+     [((4, 64), I8), ((4, 64), I8), ((4, 64), F16), ((4,), F32), ((4,), F32)]),
     ("npu_add_rms_norm_dynamic_mx_quant",
      lambda: torch.ops.npu.npu_add_rms_norm_dynamic_mx_quant(_fake(3, 100), _fake(3, 100), _fake(100)),
      [((3, 50), U8), ((3, 100), F16), ((3, 2, 2), U8), ((0,), F32)]),
@@ -293,7 +400,7 @@ META_CASES = [
                                                              dst_type=E5M2_NPU),
      [((3, 256), E5M2), ((3, 256), F16), ((3, 4, 2), U8), ((3, 1), F32)]),
     ("npu_rms_norm_quant",
-     lambda: torch.ops.npu.npu_rms_norm_quant(_fake(2, 16), _fake(16), _fake(16), _fake(16), _fake(16)),
+     lambda: torch.ops.npu.npu_rms_norm_quant(_fake(2, 16), _fake(16), _fake(16), _fake(1), _fake(1, dtype=I8)),
      [((2, 16), I8)]),
     ("npu_rms_norm_quant_v2",
      lambda: torch.ops.npu.npu_rms_norm_quant_v2(_fake(2, 5, 16, requires_grad=True), _fake(5, 16), _fake(16),
@@ -420,8 +527,7 @@ def test_meta_shapes(name, call, expected):
 
 # one real call per meta-only op: the computation is still not emulated
 REAL_CALLS = {
-    "npu_add_rms_norm_quant": lambda: torch_npu.npu_add_rms_norm_quant(
-        torch.randn(2, 8), torch.randn(2, 8), torch.ones(8), torch.ones(8), None),
+    "npu_gelu_quant": lambda: torch.ops.npu.npu_gelu_quant(torch.randn(2, 8)),
     "npu_quant_max": lambda: torch.ops.npu.npu_quant_max(torch.randn(2, 4), torch.ones(1)),
     "npu_swiglu_mx_quant": lambda: torch.ops.npu.npu_swiglu_mx_quant(torch.randn(2, 64)),
     "npu_ifmr": lambda: torch.ops.npu.npu_ifmr(torch.randn(4), torch.zeros(1), torch.ones(1),
@@ -448,7 +554,7 @@ def test_every_meta_kernel_has_the_schema_signature():
     import inspect
     from torch_npu.op_plugin import _registry, norm_quant_meta_r8
     fns = {n: f for n, f in _registry.META.items() if f.__module__ == norm_quant_meta_r8.__name__}
-    assert len(fns) == 28
+    assert len(fns) == 25
     for name, fn in fns.items():
         schema = getattr(torch.ops.npu, _registry.base_name(name)).default._schema
         params = list(inspect.signature(fn).parameters.values())
@@ -462,8 +568,6 @@ def test_every_meta_kernel_has_the_schema_signature():
 
 def test_meta_errors():
     with FakeTensorMode():
-        with pytest.raises(RuntimeError, match="axis only support -1"):
-            torch.ops.npu.npu_add_rms_norm_quant(_fake(2, 8), _fake(2, 8), _fake(8), _fake(8), None, axis=0)
         with pytest.raises(RuntimeError, match="block_size must be divisible by 32"):
             torch.ops.npu.npu_dynamic_mx_quant(_fake(4, 64), block_size=48)
         with pytest.raises(RuntimeError, match="divisible by 2"):

@@ -1,5 +1,6 @@
 """Meta kernels (output shapes and dtypes only) for the quantising norm ops and the
-quantisation ops whose computation is not emulated yet.
+quantisation ops whose computation is not emulated yet (the emulated int8 RmsNorm quant ops
+are in norm_quant_rms_quant_r8.py).
 
 Each function has the op's schema signature and returns empty outputs with the shapes and
 dtypes op-plugin's adapter (``op_plugin/ops/opapi/*``) and meta registrations allocate, so
@@ -111,42 +112,6 @@ def _check_gamma(op, x, gamma):
 # ------------------------------------------------------------------ quantising norms
 
 
-@meta("npu_add_rms_norm_quant")
-def npu_add_rms_norm_quant_meta(x1, x2, gamma, scales1, zero_points1, beta=None, scales2=None,
-                                zero_points2=None, *, axis=-1, epsilon=1e-06, div_mode=True, dst_type=None):
-    """``(y1, y2, x)``: y1/y2 have x1's shape in ``dst_type`` (default int8), x is x1's dtype."""
-    op = "npu_add_rms_norm_quant"
-    _fail(axis == -1, op, "axis only support -1.")
-    _fail(x1.shape == x2.shape, op, "the shape of x1 and x2 must be the same")
-    dt, _ = _storage(op, "dst_type", 1 if dst_type is None else dst_type)
-    return _new(x1, x1.shape, dt), _new(x1, x1.shape, dt), _new(x1, x1.shape, x1.dtype)
-
-
-@meta("npu_add_rms_norm_dynamic_quant")
-def npu_add_rms_norm_dynamic_quant_meta(x1, x2, gamma, *, smooth_scale1=None, smooth_scale2=None, beta=None,
-                                        epsilon=1e-6, output_mask=None, y_dtype=None):
-    """``(y1, y2, x, scale1, scale2)``: y in ``y_dtype`` (default int8; int4/quint4x2 packed
-    into int32), scales float32 over the leading dims; an output switched off (output_mask, or
-    y2 without both smooth scales) is a 0-d tensor."""
-    op = "npu_add_rms_norm_dynamic_quant"
-    _check_dims(op, "x1", x1, 2, 8)
-    _fail(x1.shape == x2.shape, op, "The shape of x1 and x2 must be the same")
-    if output_mask is not None:
-        _fail(output_mask[0] or output_mask[1], op,
-              "When the output_mask is not empty, at least one of y1 and y2 must be output.")
-        out1, out2 = bool(output_mask[0]), bool(output_mask[1])
-    else:
-        out1, out2 = True, smooth_scale1 is not None and smooth_scale2 is not None
-    dt, per = _storage(op, "y_dtype", 1 if y_dtype is None else y_dtype)
-    y_shape = _packed(op, x1.shape, per)
-    scale_shape = list(x1.shape[:-1])
-    y1 = _new(x1, y_shape if out1 else [], dt)
-    s1 = _new(x1, scale_shape if out1 else [], torch.float32)
-    y2 = _new(x1, y_shape if out2 else [], dt)
-    s2 = _new(x1, scale_shape if out2 else [], torch.float32)
-    return y1, y2, _new(x1, x1.shape, x1.dtype), s1, s2
-
-
 @meta("npu_add_rms_norm_dynamic_mx_quant")
 def npu_add_rms_norm_dynamic_mx_quant_meta(x1, x2, gamma, *, beta=None, epsilon=1e-06, scale_alg=0,
                                            round_mode="rint", dst_type=296):
@@ -161,14 +126,6 @@ def npu_add_rms_norm_dynamic_mx_quant_meta(x1, x2, gamma, *, beta=None, epsilon=
     mxscale = _new(x1, _mx_scale_shape(x1.shape, x1.dim() - 1), torch.uint8)
     rstd_shape = _rstd_keepdim(x1, gamma) if (x1.requires_grad and x2.requires_grad) else [0]
     return y, _new(x1, x1.shape, x1.dtype), mxscale, _new(x1, rstd_shape, torch.float32)
-
-
-@meta("npu_rms_norm_quant")
-def npu_rms_norm_quant_meta(x, gamma, beta, scale, offset, epsilon=1e-06, *, dst_dtype=None):
-    """``y`` with x's shape in ``dst_dtype`` (default int8; quint4x2/int4 packed into int32)."""
-    op = "npu_rms_norm_quant"
-    dt, per = _storage(op, "dst_dtype", 1 if dst_dtype is None else dst_dtype)
-    return _new(x, _packed(op, x.shape, per), dt)
 
 
 @meta("npu_rms_norm_quant_v2")
