@@ -423,6 +423,101 @@ def test_fused_cross_entropy_loss_with_max_sum(device, logits_dtype, tol):
         npu.npu_fused_cross_entropy_loss_with_max_sum(*args, label_smoothing=0.1)
 
 
+def _vocab_ce_reference(inp, weight, target, start, end):
+    """float64 statistics of one vocabulary shard, written from the npu_fused_linear_online_max_sum doc."""
+    logits = inp.double() @ weight.double().t()
+    mx = logits.max(-1).values
+    sub = logits - mx[:, None]
+    mask = [bool(t < start or t > end) for t in target.tolist()]
+    masked = torch.tensor([0 if m else t - start for t, m in zip(target.tolist(), mask)])
+    predicted = torch.tensor([0.0 if m else float(sub[b, masked[b]]) for b, m in enumerate(mask)],
+                             dtype=torch.float64)
+    padded = mask + [True] * (-len(mask) % 8)                # padding bits are 1
+    packed = [sum(int(padded[8 * k + j]) << j for j in range(8)) for k in range(len(padded) // 8)]
+    return mx, torch.exp(sub).sum(-1), predicted, packed, masked, logits
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_fused_linear_online_max_sum_shard(device, dtype):
+    bt, h, v = 11, 6, 9
+    inp, weight = torch.randn(bt, h).to(dtype), torch.randn(v, h).to(dtype)
+    target = torch.tensor([0, 3, 4, 5, 9, 12, 13, 2, 7, 6, 11], dtype=torch.int32)
+    start, end = 4, 12                                        # this shard owns vocabulary ids 4..12
+    outs = torch_npu.npu_fused_linear_online_max_sum(inp.to(device), weight.to(device), target.to(device), start,
+                                                     end, return_logits=True)
+    mx, sum_exp, predicted, packed, masked, logits = _vocab_ce_reference(inp, weight, target, start, end)
+    torch.testing.assert_close(outs[0].cpu().double(), mx, atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(outs[1].cpu().double(), sum_exp, atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(outs[2].cpu().double(), predicted, atol=1e-4, rtol=1e-5)
+    assert outs[3].dtype == torch.uint8 and outs[3].cpu().tolist() == packed
+    assert outs[4].dtype == torch.int32 and outs[4].cpu().tolist() == masked.tolist()
+    assert outs[5].dtype == dtype
+    torch.testing.assert_close(outs[5].cpu(), logits.to(dtype))
+    assert all(o.device.type == device for o in outs)
+    assert torch_npu.npu_fused_linear_online_max_sum(inp, weight, target.long(), start, end)[5] is None
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("with_softmax", [True, False])
+def test_vocab_parallel_cross_entropy_single_rank_pipeline(device, with_softmax):
+    """one rank owning the whole vocabulary: loss and gradients are those of plain cross entropy."""
+    bt, h, v = 10, 8, 16
+    inp = torch.randn(bt, h).to(torch.bfloat16)
+    weight = torch.randn(v, h).to(torch.bfloat16)
+    target = torch.randint(0, v, (bt,))
+    mx, sum_exp, predicted, mask, masked, logits = torch_npu.npu_fused_linear_online_max_sum(
+        inp.to(device), weight.to(device), target.to(device), 0, v - 1, return_logits=with_softmax)
+    loss, softmax = torch_npu.npu_fused_cross_entropy_loss_with_max_sum(mx, sum_exp, predicted,
+                                                                        vocab_parallel_logits=logits)
+    x = inp.double().requires_grad_()
+    w = weight.double().requires_grad_()
+    ref = torch.nn.functional.cross_entropy(x @ w.t(), target, reduction="none")
+    torch.testing.assert_close(loss.cpu().double(), ref.detach(), atol=1e-4, rtol=1e-4)
+    upstream = torch.rand(bt, dtype=torch.float64)
+    gx, gw = torch.autograd.grad(ref, (x, w), upstream)
+    kwargs = {"softmax": softmax} if with_softmax else {"logits_max": mx, "sum_exp_logits": sum_exp}
+    ig, wg = torch_npu.npu_fused_linear_cross_entropy_loss_with_max_sum_backward(
+        upstream.float().to(device), inp.to(device), weight.to(device), mask, masked, **kwargs)
+    assert ig.dtype == torch.bfloat16 and wg.dtype == torch.bfloat16
+    torch.testing.assert_close(ig.cpu().double(), gx, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(wg.cpu().double(), gw, atol=2e-2, rtol=2e-2)
+
+
+def test_vocab_ce_backward_masked_rows_and_fake():
+    """rows whose target is outside the shard only get the softmax term (no -1 at their target)."""
+    bt, h, v = 9, 4, 5
+    inp, weight = torch.randn(bt, h).half(), torch.randn(v, h).half()
+    softmax = torch.rand(bt, v)
+    masked_target = torch.randint(0, v, (bt,))
+    rows_masked = [1, 4, 8]
+    packed = torch.tensor([sum(1 << j for j in range(8) if j in rows_masked), 1 | 0b11111110], dtype=torch.uint8)
+    grad = torch.rand(bt)
+    g = softmax.double().clone()
+    for b in range(bt):
+        if b not in rows_masked:
+            g[b, masked_target[b]] -= 1
+    g *= grad.double()[:, None]
+    ig, wg = torch_npu.npu_fused_linear_cross_entropy_loss_with_max_sum_backward(
+        grad, inp, weight, packed, masked_target, softmax=softmax)
+    torch.testing.assert_close(ig.double(), (g @ weight.double()).half().double(), atol=1e-2, rtol=1e-2)
+    torch.testing.assert_close(wg.double(), (g.t() @ inp.double()).half().double(), atol=1e-2, rtol=1e-2)
+    with FakeTensorMode():
+        outs = torch_npu.npu_fused_linear_online_max_sum(torch.empty(10, 8, dtype=BF16), torch.empty(32, 8, dtype=BF16),
+                                                         torch.empty(10, dtype=I64), 0, 15)
+        assert [tuple(o.shape) for o in outs[:5]] == [(10,), (10,), (10,), (2,), (10,)] and outs[5] is None
+        assert [o.dtype for o in outs[:5]] == [F32, F32, F32, U8, I64]
+        ig, wg = torch_npu.npu_fused_linear_cross_entropy_loss_with_max_sum_backward(
+            torch.empty(10), torch.empty(10, 8, dtype=BF16), torch.empty(32, 8, dtype=BF16), torch.empty(2, dtype=U8),
+            torch.empty(10, dtype=I32), softmax=torch.empty(10, 32))
+        assert (ig.shape, ig.dtype, wg.shape, wg.dtype) == ((10, 8), BF16, (32, 8), BF16)
+    with pytest.raises(NotImplementedError, match="label_smoothing"):
+        torch_npu.npu_fused_linear_cross_entropy_loss_with_max_sum_backward(
+            grad, inp, weight, packed, masked_target, 0.1, softmax=softmax)
+    with pytest.raises(RuntimeError, match="logits_max and sum_exp_logits are required"):
+        torch_npu.npu_fused_linear_cross_entropy_loss_with_max_sum_backward(grad, inp, weight, packed, masked_target)
+
+
 # ----------------------------------------------------------------- Meta kernels of not-emulated ops
 
 def E(*shape, dtype=torch.float16):
@@ -505,14 +600,6 @@ META_CASES = [
                                                           E(8, dtype=I32), E(3, 2, dtype=F32), E(3, 1, 16), E(16),
                                                           "ep", 4, 1, 8), {}),
      [((3, 1, 16), torch.float16), ((3, 1, 1), F32), ((3, 1, 16), torch.float16)]),
-    ("npu_fused_linear_online_max_sum", lambda: ((E(10, 8), E(32, 8), E(10, dtype=I64), 0, 15), {}),
-     [((10,), F32), ((10,), F32), ((10,), F32), ((2,), U8), ((10,), I64), None]),
-    ("npu_fused_linear_online_max_sum", lambda: ((E(10, 8, dtype=BF16), E(32, 8, dtype=BF16), E(10, dtype=I32),
-                                                  0, 15, True), {}),
-     [((10,), F32), ((10,), F32), ((10,), F32), ((2,), U8), ((10,), I32), ((10, 32), BF16)]),
-    ("npu_fused_linear_cross_entropy_loss_with_max_sum_backward",
-     lambda: ((E(10, dtype=F32), E(10, 8, dtype=BF16), E(32, 8, dtype=BF16), E(2, dtype=U8), E(10, dtype=I32)), {}),
-     [((10, 8), BF16), ((32, 8), BF16)]),
 ]
 
 

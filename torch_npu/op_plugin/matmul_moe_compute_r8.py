@@ -1,4 +1,4 @@
-"""Emulated: npu_grouped_matmul_add(_), npu_fused_matmul and npu_fused_cross_entropy_loss_with_max_sum.
+"""Emulated: npu_grouped_matmul_add(_) and npu_fused_matmul.
 
 * ``npu_grouped_matmul_add_(self, x, weight, group_list)``: ``self[g] += x[K_g].T @ weight[K_g]``
   where ``K_g`` is group ``g``'s slice of the K axis (the doc's ``self = self + x @ weight`` with
@@ -14,11 +14,6 @@
   ``"gelu_erf"`` / ``"gelu_tanh"`` (of ``x1 @ x2``, no bias). Computed in float32, returned in the
   dtype of ``x1`` (float32 for ``"16cast32"``). float32 inputs are exact float32 here (the NPU runs
   them as HF32). The documented rank / dtype / bias / x3 rules are validated.
-* ``npu_fused_cross_entropy_loss_with_max_sum``: ``loss = log(sum_exp_logits) - predicted_logits``
-  and, with ``vocab_parallel_logits``, ``softmax = exp(vocab_parallel_logits - logits_max[:, None])
-  / sum_exp_logits[:, None]`` (float32; without it the softmax output is undefined/None, as on the
-  real op). ``label_smoothing`` other than 0 and ``input``/``weight`` raise NotImplementedError
-  (the doc: "currently only 0.0 / None").
 """
 import torch
 
@@ -120,26 +115,3 @@ def npu_fused_matmul(x1, x2, *, bias=None, x3=None, fused_op_type=''):
     elif gelu:
         y = torch.nn.functional.gelu(y, approximate="tanh" if kind == "gelu_tanh" else "none")
     return y if kind == "16cast32" else y.to(x1.dtype)
-
-
-@impl("npu_fused_cross_entropy_loss_with_max_sum")
-def npu_fused_cross_entropy_loss_with_max_sum(logits_max, sum_exp_logits, predicted_logits, *, label_smoothing=0.0,
-                                              input=None, weight=None, vocab_parallel_logits=None):
-    op = "npu_fused_cross_entropy_loss_with_max_sum"
-    if label_smoothing not in (None, 0.0):
-        _unsupported(op, "label_smoothing=%r (only 0.0)" % (label_smoothing,))
-    for name, value in (("input", input), ("weight", weight)):
-        if value is not None:
-            _unsupported(op, "%s (only None)" % name)
-    check(logits_max.dim() == 1, op, "logits_max must be 1-D, got %dD" % logits_max.dim())
-    for name, t in (("sum_exp_logits", sum_exp_logits), ("predicted_logits", predicted_logits)):
-        check(t.shape == logits_max.shape, op, "%s shape %s must equal logits_max shape %s"
-              % (name, tuple(t.shape), tuple(logits_max.shape)))
-    loss = torch.log(sum_exp_logits.float()) - predicted_logits.float()
-    if vocab_parallel_logits is None:
-        return loss, None
-    check(vocab_parallel_logits.dim() == 2 and vocab_parallel_logits.shape[0] == logits_max.shape[0], op,
-          "vocab_parallel_logits must be 2-D with %d rows" % logits_max.shape[0])
-    softmax = torch.exp(vocab_parallel_logits.float() - logits_max.float().unsqueeze(-1)) \
-        / sum_exp_logits.float().unsqueeze(-1)
-    return loss, softmax

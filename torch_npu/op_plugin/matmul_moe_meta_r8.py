@@ -488,30 +488,3 @@ def npu_moe_distribute_combine_add_rms_norm(expand_x, expert_ids, expand_idx, ep
     bs, h = expert_ids.shape[0], expand_x.shape[1]
     return (_empty((bs, 1, h), expand_x.dtype, expand_x), _empty((bs, 1, 1), torch.float32, expand_x),
             _empty((bs, 1, h), expand_x.dtype, expand_x))
-
-
-# ----------------------------------------------------------------- vocab-parallel cross entropy
-
-@meta("npu_fused_linear_online_max_sum")
-def npu_fused_linear_online_max_sum(input, weight, target, vocab_start_index, vocab_end_index, return_logits=False):
-    op = "npu_fused_linear_online_max_sum"
-    _check(input.dim() == 2 and weight.dim() == 2 and target.dim() == 1, op,
-           "input and weight must be 2-D and target 1-D")
-    _check(input.shape[1] == weight.shape[1], op, "weight.size(1) must equal input.size(1)")
-    _check(target.shape[0] == input.shape[0], op, "target.size(0) must equal input.size(0)")
-    _check(vocab_start_index >= 0, op, "vocab_start_index must not be negative")
-    _check(vocab_end_index >= vocab_start_index, op, "vocab_end_index must not be less than vocab_start_index")
-    bt = input.shape[0]
-    logits = _empty((bt, weight.shape[0]), input.dtype, input) if return_logits else None
-    return (_empty((bt,), torch.float32, input), _empty((bt,), torch.float32, input),
-            _empty((bt,), torch.float32, input), _empty(((bt + 7) // 8,), torch.uint8, input),
-            _empty((bt,), target.dtype, input), logits)
-
-
-@meta("npu_fused_linear_cross_entropy_loss_with_max_sum_backward")
-def npu_fused_linear_cross_entropy_loss_with_max_sum_backward(grad, input, weight, target_mask, masked_target,
-                                                              label_smoothing=0.0, logits_max=None,
-                                                              sum_exp_logits=None, softmax=None):
-    op = "npu_fused_linear_cross_entropy_loss_with_max_sum_backward"
-    _check(input.dim() == 2 and weight.dim() == 2, op, "input and weight must be 2-D")
-    return _empty(input.shape, input.dtype, grad), _empty(weight.shape, input.dtype, grad)
