@@ -41,14 +41,6 @@ META_CASES = [
      # 2-D x: [T, heads, D]; without kv_output k/v are empty [0]
      [((4, 1, 32), torch.bfloat16), ((0,), torch.bfloat16), ((0,), torch.bfloat16), ((2, 16, 1, 32), i8),
       ((2, 16, 1, 32), i8)]),
-    ("npu_gather_pa_kv_cache",
-     lambda: npu.npu_gather_pa_kv_cache(z(4, 16, 2, 8), z(4, 16, 2, 8), z(2, 2, dtype=i32), _ints(2), z(10, 2, 8),
-                                        z(10, 2, 8)),
-     None),
-    ("npu_gather_pa_kv_cache_functional",
-     lambda: npu.npu_gather_pa_kv_cache_functional(z(4, 16, 2, 8), z(4, 16, 2, 4), z(2, 2, dtype=i32), _ints(2),
-                                                   z(10, 2, 8), z(10, 2, 4)),
-     [((10, 2, 8), f32), ((10, 2, 4), f32)]),
     ("npu_kv_rmsnorm_rope_cache",
      lambda: npu.npu_kv_rmsnorm_rope_cache(z(2, 1, 3, 576, dtype=f16), z(512, dtype=f16), z(2, 1, 3, 64, dtype=f16),
                                            z(2, 1, 3, 64, dtype=f16), z(6, dtype=i64), z(4, 16, 1, 64, dtype=f16),
@@ -85,9 +77,6 @@ META_CASES = [
     ("npu_scatter_list_",
      lambda: npu.npu_scatter_list_([z(2, 3, 4), z(2, 3, 4)], _ints(2), z(2, 3, 1, 4)),
      None),
-    ("npu_top_k_top_p",
-     lambda: npu.npu_top_k_top_p(z(3, 10, dtype=torch.bfloat16), z(3, dtype=torch.bfloat16), _ints(3)),
-     [((3, 10), torch.bfloat16)]),
     ("npu_top_k_top_p_sample",
      lambda: npu.npu_top_k_top_p_sample(z(3, 10, dtype=f16), _ints(3), z(3, dtype=f16), z(3, 10)),
      [((3,), i64), ((3, 10), f32)]),
@@ -417,3 +406,138 @@ def test_roi_alignbk_fake_shape_and_errors():
         npu.npu_roi_alignbk(z(3, 4, 2, 3), z(3, 5), [2, 4, 8, 8], 2, 2, 0.5, 2)
     with pytest.raises(RuntimeError, match="roi batch index 5"):
         npu.npu_roi_alignbk(z(1, 4, 2, 2), torch.tensor([[5.0, 0, 0, 1, 1]]), [2, 4, 8, 8], 2, 2, 0.5, 2)
+
+
+# ----------------------------------------------------------------- emulated: top-k / top-p filtering
+
+def _top_k_top_p_reference(logits, p, k):
+    """Row by row in float64 from the documented formula; -inf marks a dropped logit."""
+    out = torch.full(logits.shape, float("-inf"), dtype=torch.float64)
+    for b, row in enumerate(logits.double().tolist()):
+        vocab = len(row)
+        keep = [True] * vocab
+        if k is not None and 0 < int(k[b]) < vocab:
+            threshold = sorted(row)[vocab - int(k[b])]
+            keep = [v >= threshold for v in row]
+        if p is not None:
+            order = sorted(range(vocab), key=lambda i: row[i])           # ascending, stable
+            kept = [row[i] for i in order if keep[i]]
+            top = max(kept)
+            norm = sum(math.exp(v - top) for v in kept)
+            cumulative = 0.0
+            for rank, i in enumerate(order):
+                if keep[i]:
+                    cumulative += math.exp(row[i] - top) / norm
+                if rank < vocab - 1 and cumulative <= 1 - float(p[b]):
+                    keep[i] = False
+        for i in range(vocab):
+            if keep[i]:
+                out[b, i] = row[i]
+    return out
+
+
+@pytest.mark.parametrize("device", ["cpu", "npu"])
+@pytest.mark.parametrize("dtype", [f32, f16, torch.bfloat16])
+@pytest.mark.parametrize("use_p,use_k", [(True, True), (True, False), (False, True)])
+def test_top_k_top_p_matches_formula(device, dtype, use_p, use_k):
+    gen = torch.Generator().manual_seed(21)
+    logits = (torch.randn(5, 40, generator=gen) * 2).to(dtype)
+    p = torch.tensor([0.5, 0.9, 0.0, 1.0, 0.3]).to(dtype) if use_p else None
+    # k = 0 and k >= vocab skip top-k for that row
+    k = torch.tensor([3, 0, 40, 7, 55], dtype=i32) if use_k else None
+    expected = _top_k_top_p_reference(logits, p, k)
+    out = npu.npu_top_k_top_p(logits.to(device), None if p is None else p.to(device),
+                              None if k is None else k.to(device))
+    assert out.device.type == device and out.dtype == dtype and out.shape == logits.shape
+    assert torch.equal(out.cpu().double().isinf(), expected.isinf())
+    # kept logits are copied unchanged
+    assert torch.equal(out.cpu().double()[~expected.isinf()], expected[~expected.isinf()])
+
+
+def test_top_k_top_p_keeps_ties_at_the_threshold_and_the_largest():
+    logits = torch.tensor([[1.0, 3.0, 2.0, 3.0, 0.5]])
+    out = npu.npu_top_k_top_p(logits, None, torch.tensor([1], dtype=i32))
+    assert out.tolist() == [[float("-inf"), 3.0, float("-inf"), 3.0, float("-inf")]]
+    out = npu.npu_top_k_top_p(logits, torch.tensor([0.0]), None)       # p = 0: only the largest survives
+    assert out.isfinite().sum() == 1 and out[0, 3] == 3.0                # stable sort: index 3 is last
+
+
+def test_top_k_top_p_fake_and_errors():
+    with FakeTensorMode():
+        out = npu.npu_top_k_top_p(z(3, 10, dtype=torch.bfloat16), z(3, dtype=torch.bfloat16), _ints(3))
+        assert (out.shape, out.dtype) == ((3, 10), torch.bfloat16)
+    with pytest.raises(RuntimeError, match="p and k must not both be None"):
+        npu.npu_top_k_top_p(z(2, 4))
+    with pytest.raises(RuntimeError, match="p must have logits' dtype"):
+        npu.npu_top_k_top_p(z(2, 4), z(2, dtype=f16), None)
+    with pytest.raises(RuntimeError, match="k must be int32"):
+        npu.npu_top_k_top_p(z(2, 4), None, z(2, dtype=i64))
+    with pytest.raises(RuntimeError, match="logits must be 2-D"):
+        npu.npu_top_k_top_p(z(2, 2, 4), None, _ints(2))
+
+
+# ----------------------------------------------------------------- emulated: paged KV-cache gather
+
+def _gather_reference(cache, block_tables, lens, offsets, nz):
+    rows = []
+    block_size = cache.size(2) if nz else cache.size(1)
+    for b, n in enumerate(lens):
+        for s in range(n):
+            block = int(block_tables[b, offsets[b] // block_size + s // block_size])
+            if nz:
+                rows.append(cache[block, :, s % block_size, :].reshape(-1))
+            else:
+                rows.append(cache[block, s % block_size])
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("device", ["cpu", "npu"])
+@pytest.mark.parametrize("dtype", [f16, torch.bfloat16, i8])
+@pytest.mark.parametrize("nz", [False, True])
+@pytest.mark.parametrize("cumsum,with_offset", [(False, False), (True, False), (False, True)])
+def test_gather_pa_kv_cache_matches_loop(device, dtype, nz, cumsum, with_offset):
+    gen = torch.Generator().manual_seed(31)
+    num_blocks, block_size, heads, dk, dv, a = 9, 4, 2, 8, 4, 4
+    if nz:
+        kc = torch.randint(-100, 100, (num_blocks, heads * dk // a, block_size, a), generator=gen).to(dtype)
+        vc = torch.randint(-100, 100, (num_blocks, heads * dv // a, block_size, a), generator=gen).to(dtype)
+    else:
+        kc = torch.randint(-100, 100, (num_blocks, block_size, heads, dk), generator=gen).to(dtype)
+        vc = torch.randint(-100, 100, (num_blocks, block_size, heads, dv), generator=gen).to(dtype)
+    lens, offsets = [5, 0, 7], ([4, 0, 8] if with_offset else [0, 0, 0])
+    tables = torch.tensor([[3, 1, 6, 0], [2, 2, 2, 2], [8, 5, 7, 4]], dtype=i32)
+    seq_lens = torch.tensor([0, 5, 5, 12] if cumsum else lens, dtype=i32)
+    rows = 14                                           # 12 gathered, the last 2 stay untouched
+    kshape, vshape = ((rows, heads * dk), (rows, heads * dv)) if nz else ((rows, heads, dk), (rows, heads, dv))
+    key, value = torch.full(kshape, 7).to(dtype), torch.full(vshape, 7).to(dtype)
+    exp_k, exp_v = key.clone(), value.clone()
+    exp_k[:12] = _gather_reference(kc, tables, lens, offsets, nz).reshape(exp_k[:12].shape)
+    exp_v[:12] = _gather_reference(vc, tables, lens, offsets, nz).reshape(exp_v[:12].shape)
+    offset = torch.tensor(offsets, dtype=i32).to(device) if with_offset else None
+    args = [t.to(device) for t in (kc, vc, tables, seq_lens)]
+    k_out, v_out = npu.npu_gather_pa_kv_cache_functional(*args, key.to(device), value.to(device), seq_offset=offset,
+                                                         is_seq_lens_cumsum=cumsum)
+    assert k_out.device.type == device and torch.equal(k_out.cpu(), exp_k) and torch.equal(v_out.cpu(), exp_v)
+    key_d, value_d = key.to(device), value.to(device)
+    assert npu.npu_gather_pa_kv_cache(*args, key_d, value_d, seq_offset=offset, is_seq_lens_cumsum=cumsum) is None
+    assert torch.equal(key_d.cpu(), exp_k) and torch.equal(value_d.cpu(), exp_v)
+
+
+def test_gather_pa_kv_cache_fake_and_errors():
+    kc, vc, tables = z(4, 16, 2, 8), z(4, 16, 2, 4), z(2, 2, dtype=i32)
+    with FakeTensorMode():
+        k_out, v_out = npu.npu_gather_pa_kv_cache_functional(z(4, 16, 2, 8), z(4, 16, 2, 4), z(2, 2, dtype=i32),
+                                                             _ints(2), z(10, 2, 8), z(10, 2, 4))
+        assert (k_out.shape, v_out.shape) == ((10, 2, 8), (10, 2, 4))
+    with pytest.raises(RuntimeError, match="hold 20 tokens"):
+        npu.npu_gather_pa_kv_cache(kc, vc, tables, torch.tensor([10, 10], dtype=i32), z(10, 2, 8), z(10, 2, 4))
+    with pytest.raises(RuntimeError, match="needs block_tables columns"):
+        npu.npu_gather_pa_kv_cache(kc, vc, tables, torch.tensor([40, 0], dtype=i32), z(40, 2, 8), z(40, 2, 4))
+    with pytest.raises(RuntimeError, match="block ids must be in"):
+        npu.npu_gather_pa_kv_cache(kc, vc, torch.tensor([[9, 0], [0, 0]], dtype=i32), torch.tensor([3, 0], dtype=i32),
+                                   z(4, 2, 8), z(4, 2, 4))
+    with pytest.raises(RuntimeError, match=r"seq_lens must be \[batch \+ 1\]"):
+        npu.npu_gather_pa_kv_cache(kc, vc, tables, torch.tensor([3, 0], dtype=i32), z(4, 2, 8), z(4, 2, 4),
+                                   is_seq_lens_cumsum=True)
+    with pytest.raises(RuntimeError, match="must end with the rows'"):
+        npu.npu_gather_pa_kv_cache(kc, vc, tables, _ints(2), z(4, 3, 8), z(4, 2, 4))

@@ -56,21 +56,7 @@ def npu_dequant_rope_quant_kvcache(x, cos, sin, k_cache, v_cache, indices, scale
     return _rope_quant_kvcache(op, x, cos, k_cache, v_cache, size_splits, kv_output)
 
 
-# ----------------------------------------------------------------- paged KV cache gather / scatter
-
-@meta("npu_gather_pa_kv_cache")
-def npu_gather_pa_kv_cache(key_cache, value_cache, block_tables, seq_lens, key, value, *, seq_offset=None,
-                           is_seq_lens_cumsum=False):
-    """Writes the gathered tokens into ``key`` / ``value`` in place; returns nothing."""
-    return None
-
-
-@meta("npu_gather_pa_kv_cache_functional")
-def npu_gather_pa_kv_cache_functional(key_cache, value_cache, block_tables, seq_lens, key, value, *,
-                                      seq_offset=None, is_seq_lens_cumsum=False):
-    """The updated copies of ``key`` and ``value``."""
-    return torch.empty_like(key), torch.empty_like(value)
-
+# ----------------------------------------------------------------- paged KV cache scatter
 
 @meta("npu_scatter_pa_cache.value")
 def npu_scatter_pa_cache_value(key, slot_mapping, *, compress_lens=None, compress_seq_offsets=None, seq_lens=None,
@@ -164,11 +150,6 @@ def npu_qkv_rms_norm_rope_cache_functional(qkv, q_gamma, k_gamma, cos, sin, inde
 
 
 # ----------------------------------------------------------------- sampling
-
-@meta("npu_top_k_top_p")
-def npu_top_k_top_p(logits, p=None, k=None):
-    return torch.empty_like(logits)
-
 
 @meta("npu_top_k_top_p_sample")
 def npu_top_k_top_p_sample(logits, top_k, top_p, q=None, eps=1e-8, is_need_logits=False, top_k_guess=32, min_ps=None,

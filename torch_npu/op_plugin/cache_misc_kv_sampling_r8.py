@@ -1,0 +1,171 @@
+"""npu_top_k_top_p (logits filtering) and npu_gather_pa_kv_cache (+ _functional, paged KV-cache
+gather), emulated from their documented formulas.
+
+* ``npu_top_k_top_p(logits, p, k)`` (aclnnApplyTopKTopP): per row b, sort ascending (stable);
+  top-k keeps the values >= the k[b]-th largest (``k[b] <= 0`` or ``k[b] >= V`` skips top-k);
+  top-p takes the softmax of the surviving sorted values, its cumulative sum from the smallest,
+  and drops the positions whose cumulative probability is <= 1 - p[b], always keeping the
+  largest; dropped positions become -inf, the rest keep their logit, in the original order.
+  ``k=None`` or ``p=None`` skips that filter (both None is an error, as aclnn's null check).
+  The softmax and cumulative sum run in float32 for float16/bfloat16 logits.
+* ``npu_gather_pa_kv_cache(key_cache, value_cache, block_tables, seq_lens, key, value, *,
+  seq_offset=None, is_seq_lens_cumsum=False)`` (aclnnGatherPaKvCache): the tokens of each
+  batch b are copied, batch after batch, into consecutive rows of ``key`` / ``value`` (in place;
+  the ``_functional`` variant returns updated copies). Token s of batch b comes from block
+  ``block_tables[b, seq_offset[b] // block_size + s // block_size]``, row ``s % block_size``.
+  ``seq_lens`` holds the lengths, or (``is_seq_lens_cumsum``) their running sum [0, l0, l0+l1,
+  ...]. Layout as op-plugin picks ``cache_mode``: 3-D ``key`` [tokens, heads, head_size] with
+  ND caches [num_blocks, block_size, heads, head_size] ("Norm"); 2-D ``key`` [tokens,
+  heads*head_size] with NZ-shaped caches [num_blocks, heads*head_size / a, block_size, a]
+  ("PA_NZ": the token's row is the concatenation of its ``a``-wide pieces). Rows of ``key``
+  past the gathered tokens are left as they are. The lengths and block ids are read on the
+  host, so both ops are registered opaque (a FakeTensor call only checks shapes).
+"""
+import torch
+
+from torch_npu.op_plugin._common import acc, check
+from torch_npu.op_plugin._registry import impl, opaque
+
+__all__ = []
+
+_LOGIT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+@impl("npu_top_k_top_p")
+def npu_top_k_top_p(logits, p=None, k=None):
+    """Top-k then top-p filtering of 2-D ``logits`` (see the module docstring)."""
+    op = "npu_top_k_top_p"
+    check(p is not None or k is not None, op, "p and k must not both be None")
+    check(logits.dim() == 2, op, "logits must be 2-D [batch, vocab], got %d-D" % logits.dim())
+    check(logits.dtype in _LOGIT_DTYPES, op, "logits must be float32, float16 or bfloat16, got %s" % logits.dtype)
+    batch, vocab = logits.shape
+    values, order = torch.sort(logits, dim=-1, stable=True)
+    neg_inf = torch.tensor(float("-inf"), dtype=logits.dtype, device=logits.device)
+    if k is not None:
+        check(k.dim() == 1 and k.size(0) == batch, op, "k must be 1-D of logits.size(0)=%d, got %s"
+              % (batch, tuple(k.shape)))
+        check(k.dtype == torch.int32, op, "k must be int32, got %s" % k.dtype)
+        kk = k.long()
+        active = (kk > 0) & (kk < vocab)
+        position = (vocab - kk).clamp(0, vocab - 1).unsqueeze(-1)   # the k-th largest, ascending order
+        threshold = values.gather(-1, position)
+        values = torch.where((values < threshold) & active.unsqueeze(-1), neg_inf, values)
+    if p is not None:
+        check(p.dim() == 1 and p.size(0) == batch, op, "p must be 1-D of logits.size(0)=%d, got %s"
+              % (batch, tuple(p.shape)))
+        check(p.dtype == logits.dtype, op, "p must have logits' dtype %s, got %s" % (logits.dtype, p.dtype))
+        cumulative = torch.softmax(acc(values), dim=-1).cumsum(dim=-1)
+        drop = cumulative <= (1 - acc(p)).unsqueeze(-1)
+        keep_largest = torch.arange(vocab, device=logits.device) == vocab - 1
+        values = torch.where(drop & ~keep_largest, neg_inf, values)
+    return torch.empty_like(logits).scatter(-1, order, values)
+
+
+def _lengths(op, seq_lens, batch, cumsum):
+    lens = [int(v) for v in seq_lens.detach().cpu().reshape(-1).tolist()]
+    if cumsum:
+        check(len(lens) == batch + 1, op, "seq_lens must be [batch + 1] running sums when is_seq_lens_cumsum, "
+              "got %d values for batch %d" % (len(lens), batch))
+        lens = [b - a for a, b in zip(lens, lens[1:])]
+    else:
+        check(len(lens) == batch, op, "seq_lens must be [batch]=%d, got %d values" % (batch, len(lens)))
+    check(all(n >= 0 for n in lens), op, "sequence lengths must be >= 0, got %s" % lens)
+    return lens
+
+
+def _cache_layout(op, key, key_cache, name):
+    """(block_size, nz) of ``key_cache`` for rows shaped like ``key``."""
+    check(key_cache.dim() == 4, op, "%s must be 4-D, got %d-D" % (name, key_cache.dim()))
+    if key.dim() == 3:  # Norm: [num_blocks, block_size, heads, head_size]
+        check(tuple(key_cache.shape[2:]) == tuple(key.shape[1:]), op,
+              "%s [num_blocks, block_size, heads, head_size] must end with the rows' %s, got %s"
+              % (name, tuple(key.shape[1:]), tuple(key_cache.shape)))
+        return key_cache.size(1), False
+    check(key.dim() == 2, op, "key/value must be 3-D (Norm) or 2-D (PA_NZ), got %d-D" % key.dim())
+    check(key_cache.size(1) * key_cache.size(3) == key.size(1), op,
+          "%s [num_blocks, heads*head_size / a, block_size, a] must hold rows of %d, got %s"
+          % (name, key.size(1), tuple(key_cache.shape)))
+    return key_cache.size(2), True
+
+
+def _gather_checks(op, key_cache, value_cache, block_tables, seq_lens, key, value, seq_offset):
+    check(key.dim() == value.dim() and key.size(0) == value.size(0), op,
+          "key and value must have the same rank and number of rows, got %s and %s"
+          % (tuple(key.shape), tuple(value.shape)))
+    check(key.dtype == key_cache.dtype and value.dtype == value_cache.dtype, op,
+          "key/value must have their caches' dtypes")
+    check(block_tables.dim() == 2, op, "block_tables must be 2-D [batch, blocks], got %d-D" % block_tables.dim())
+    check(block_tables.dtype in (torch.int32, torch.int64), op, "block_tables must be int32 or int64")
+    check(seq_lens.dim() == 1, op, "seq_lens must be 1-D, got %d-D" % seq_lens.dim())
+    if seq_offset is not None:
+        check(seq_offset.dim() == 1 and seq_offset.size(0) == block_tables.size(0), op,
+              "seq_offset must be [batch]=%d, got %s" % (block_tables.size(0), tuple(seq_offset.shape)))
+    k_block, k_nz = _cache_layout(op, key, key_cache, "key_cache")
+    v_block, v_nz = _cache_layout(op, value, value_cache, "value_cache")
+    check(k_block == v_block and key_cache.size(0) == value_cache.size(0), op,
+          "key_cache and value_cache must have the same num_blocks and block_size")
+    return k_block, k_nz
+
+
+def _gather_into(op, key_cache, value_cache, block_tables, seq_lens, key, value, seq_offset, is_seq_lens_cumsum):
+    block_size, nz = _gather_checks(op, key_cache, value_cache, block_tables, seq_lens, key, value, seq_offset)
+    batch, width = block_tables.shape
+    lens = _lengths(op, seq_lens, batch, is_seq_lens_cumsum)
+    check(sum(lens) <= key.size(0), op, "key/value have %d rows, the sequences hold %d tokens"
+          % (key.size(0), sum(lens)))
+    offsets = [0] * batch if seq_offset is None else [int(v) for v in seq_offset.detach().cpu().tolist()]
+    table = block_tables.detach().cpu().long()
+    blocks, rows = [], []
+    for b, n in enumerate(lens):
+        if n == 0:
+            continue
+        first = offsets[b] // block_size
+        last = first + (n - 1) // block_size
+        check(0 <= first and last < width, op, "batch %d needs block_tables columns [%d, %d], it has %d"
+              % (b, first, last, width))
+        steps = torch.arange(n)
+        blocks.append(table[b, first + steps // block_size])
+        rows.append(steps % block_size)
+    if not blocks:
+        return
+    blocks, rows = torch.cat(blocks), torch.cat(rows)
+    check(int(blocks.min()) >= 0 and int(blocks.max()) < key_cache.size(0), op,
+          "block ids must be in [0, num_blocks=%d)" % key_cache.size(0))
+    total = blocks.numel()
+    blocks, rows = blocks.to(key.device), rows.to(key.device)
+    for out, cache in ((key, key_cache), (value, value_cache)):
+        if nz:
+            out[:total] = cache[blocks, :, rows, :].reshape(total, -1)
+        else:
+            out[:total] = cache[blocks, rows]
+
+
+def _gather_fake(key_cache, value_cache, block_tables, seq_lens, key, value, *, seq_offset=None,
+                 is_seq_lens_cumsum=False):
+    _gather_checks("npu_gather_pa_kv_cache", key_cache, value_cache, block_tables, seq_lens, key, value, seq_offset)
+    return None
+
+
+@opaque("npu_gather_pa_kv_cache", _gather_fake)
+def npu_gather_pa_kv_cache(key_cache, value_cache, block_tables, seq_lens, key, value, *, seq_offset=None,
+                           is_seq_lens_cumsum=False):
+    """Gathers each batch's tokens from the paged caches into ``key`` / ``value`` in place."""
+    _gather_into("npu_gather_pa_kv_cache", key_cache, value_cache, block_tables, seq_lens, key, value, seq_offset,
+                 is_seq_lens_cumsum)
+
+
+def _gather_functional_fake(key_cache, value_cache, block_tables, seq_lens, key, value, *, seq_offset=None,
+                            is_seq_lens_cumsum=False):
+    _gather_checks("npu_gather_pa_kv_cache_functional", key_cache, value_cache, block_tables, seq_lens, key, value,
+                   seq_offset)
+    return torch.empty_like(key), torch.empty_like(value)
+
+
+@opaque("npu_gather_pa_kv_cache_functional", _gather_functional_fake)
+def npu_gather_pa_kv_cache_functional(key_cache, value_cache, block_tables, seq_lens, key, value, *,
+                                      seq_offset=None, is_seq_lens_cumsum=False):
+    """Out-of-place :func:`npu_gather_pa_kv_cache`: updated copies of ``key`` and ``value``."""
+    key_out, value_out = key.clone(), value.clone()
+    _gather_into("npu_gather_pa_kv_cache_functional", key_cache, value_cache, block_tables, seq_lens, key_out,
+                 value_out, seq_offset, is_seq_lens_cumsum)
+    return key_out, value_out
