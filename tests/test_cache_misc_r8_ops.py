@@ -68,15 +68,6 @@ META_CASES = [
                                                         [4, 2, 2]),
      # is_output_qkv=False: 0-dim placeholders, then the updated q_out / caches
      [((), f32), ((), f32), ((), f32), ((6, 32), f32), ((4, 16, 2, 8), f32), ((4, 16, 2, 8), f32)]),
-    ("npu_scatter_pa_cache.value",
-     lambda: npu.npu_scatter_pa_cache(z(3, 2, 4), _ints(3), key_cache=z(2, 4, 2, 4)),
-     [((2, 4, 2, 4), f32)]),
-    ("npu_scatter_list",
-     lambda: npu.npu_scatter_list([z(2, 3, 4, dtype=f16), z(2, 3, 4, dtype=f16)], _ints(2), z(2, 3, 1, 4, dtype=f16)),
-     [((2, 3, 4), f16), ((2, 3, 4), f16)]),
-    ("npu_scatter_list_",
-     lambda: npu.npu_scatter_list_([z(2, 3, 4), z(2, 3, 4)], _ints(2), z(2, 3, 1, 4)),
-     None),
     ("npu_top_k_top_p_sample",
      lambda: npu.npu_top_k_top_p_sample(z(3, 10, dtype=f16), _ints(3), z(3, dtype=f16), z(3, 10)),
      [((3,), i64), ((3, 10), f32)]),
@@ -541,3 +532,72 @@ def test_gather_pa_kv_cache_fake_and_errors():
                                    is_seq_lens_cumsum=True)
     with pytest.raises(RuntimeError, match="must end with the rows'"):
         npu.npu_gather_pa_kv_cache(kc, vc, tables, _ints(2), z(4, 3, 8), z(4, 2, 4))
+
+
+# ----------------------------------------------------------------- emulated: K-cache scatter, list scatter
+
+@pytest.mark.parametrize("device", ["cpu", "npu"])
+@pytest.mark.parametrize("dtype", [f16, torch.bfloat16, i8])
+def test_scatter_pa_cache_writes_each_token_at_its_slot(device, dtype):
+    gen = torch.Generator().manual_seed(41)
+    key = torch.randint(-50, 50, (5, 2, 3), generator=gen).to(dtype)
+    cache = torch.zeros(4, 3, 2, 3, dtype=dtype)
+    slots = torch.tensor([7, 0, 11, 4, 5], dtype=i32)
+    expected = cache.clone()
+    for t, s in enumerate(slots.tolist()):
+        expected[s // 3, s % 3] = key[t]
+    cache_d = cache.to(device)
+    out = npu.npu_scatter_pa_cache(key.to(device), slots.to(device), key_cache=cache_d)
+    assert out is cache_d and torch.equal(cache_d.cpu(), expected)
+
+
+def test_scatter_pa_cache_errors_and_fake():
+    with FakeTensorMode():
+        cache = z(2, 4, 2, 4)
+        assert npu.npu_scatter_pa_cache(z(3, 2, 4), _ints(3), key_cache=cache) is cache
+    with pytest.raises(RuntimeError, match="slot_mapping values must be in"):
+        npu.npu_scatter_pa_cache(z(2, 2, 4), torch.tensor([0, 8], dtype=i32), key_cache=z(2, 4, 2, 4))
+    with pytest.raises(RuntimeError, match="key_cache must be"):
+        npu.npu_scatter_pa_cache(z(2, 2, 4), _ints(2), key_cache=z(2, 4, 3, 4))
+    with pytest.raises(NotImplementedError, match="compressed scenarios"):
+        npu.npu_scatter_pa_cache(z(2, 3, 2, 4), z(2, 2, dtype=i32), seq_lens=_ints(2), key_cache=z(2, 4, 1, 4))
+
+
+@pytest.mark.parametrize("device", ["cpu", "npu"])
+@pytest.mark.parametrize("axis", [-2, -1])
+def test_scatter_list_replaces_one_row_per_tensor(device, axis):
+    gen = torch.Generator().manual_seed(51)
+    tensors = [torch.randn(3, 6, 5, generator=gen).to(f16) for _ in range(4)]
+    indices = torch.tensor([0, 5, 2, 4] if axis == -2 else [4, 0, 3, 1], dtype=i32)
+    upd_shape = (4, 3, 1, 5) if axis == -2 else (4, 3, 6, 1)
+    updates = torch.randn(upd_shape, generator=gen).to(f16)
+    expected = [t.clone() for t in tensors]
+    for i, t in enumerate(expected):          # the op-plugin test's loop
+        for j in range(t.shape[0]):
+            if axis == -2:
+                t[j][int(indices[i])] = updates[i][j][0]
+            else:
+                for k in range(t.shape[1]):
+                    t[j][k][int(indices[i])] = updates[i][j][k][0]
+    mask = torch.ones(4, dtype=torch.uint8)
+    outs = npu.npu_scatter_list([t.to(device) for t in tensors], indices.to(device), updates.to(device),
+                                mask.to(device), "update", axis)
+    assert all(o.device.type == device and torch.equal(o.cpu(), e) for o, e in zip(outs, expected))
+    inplace = [t.to(device) for t in tensors]
+    assert npu.npu_scatter_list_(inplace, indices.to(device), updates.to(device), None, "update", axis) is None
+    assert all(torch.equal(o.cpu(), e) for o, e in zip(inplace, expected))
+
+
+def test_scatter_list_errors_and_fake():
+    with FakeTensorMode():
+        outs = npu.npu_scatter_list([z(2, 3, 4, dtype=f16)] * 2, _ints(2), z(2, 2, 1, 4, dtype=f16))
+        assert [(o.shape, o.dtype) for o in outs] == [((2, 3, 4), f16)] * 2
+    tensors = [z(2, 3, 4), z(2, 3, 4)]
+    with pytest.raises(NotImplementedError, match="mask with zero entries"):
+        npu.npu_scatter_list(tensors, _ints(2), z(2, 2, 1, 4), torch.tensor([1, 0], dtype=torch.uint8))
+    with pytest.raises(NotImplementedError, match="updates of 2 rows"):
+        npu.npu_scatter_list(tensors, _ints(2), z(2, 2, 2, 4))
+    with pytest.raises(RuntimeError, match="reduce must be 'update'"):
+        npu.npu_scatter_list(tensors, _ints(2), z(2, 2, 1, 4), None, "add")
+    with pytest.raises(RuntimeError, match="indices must be 1-D"):
+        npu.npu_scatter_list(tensors, _ints(3), z(2, 2, 1, 4))

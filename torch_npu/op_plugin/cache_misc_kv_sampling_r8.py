@@ -1,5 +1,6 @@
-"""npu_top_k_top_p (logits filtering) and npu_gather_pa_kv_cache (+ _functional, paged KV-cache
-gather), emulated from their documented formulas.
+"""npu_top_k_top_p (logits filtering), npu_gather_pa_kv_cache (+ _functional, paged KV-cache
+gather), npu_scatter_pa_cache.value (paged K-cache scatter) and npu_scatter_list(_) (one row per
+tensor of a list), emulated from their documented formulas (see each function's docstring).
 
 * ``npu_top_k_top_p(logits, p, k)`` (aclnnApplyTopKTopP): per row b, sort ascending (stable);
   top-k keeps the values >= the k[b]-th largest (``k[b] <= 0`` or ``k[b] >= V`` skips top-k);
@@ -25,6 +26,7 @@ import torch
 
 from torch_npu.op_plugin._common import acc, check
 from torch_npu.op_plugin._registry import impl, opaque
+from torch_npu.op_plugin.comm_matmul import _symbolic
 
 __all__ = []
 
@@ -169,3 +171,78 @@ def npu_gather_pa_kv_cache_functional(key_cache, value_cache, block_tables, seq_
     _gather_into("npu_gather_pa_kv_cache_functional", key_cache, value_cache, block_tables, seq_lens, key_out,
                  value_out, seq_offset, is_seq_lens_cumsum)
     return key_out, value_out
+
+
+# ----------------------------------------------------------------- paged K cache scatter, list scatter
+
+@impl("npu_scatter_pa_cache.value")
+def npu_scatter_pa_cache_value(key, slot_mapping, *, compress_lens=None, compress_seq_offsets=None, seq_lens=None,
+                               key_cache):
+    """aclnnScatterPaCache scenario one ("Norm"): ``key`` [tokens, heads, head_size] row t goes
+    to ``key_cache`` [num_blocks, block_size, heads, head_size] at block ``slot // block_size``,
+    row ``slot % block_size`` with ``slot = slot_mapping[t]``; in place, returns ``key_cache``.
+    The compressed scenarios (``compress_lens`` / ``compress_seq_offsets`` / ``seq_lens``, 4-D
+    key) are not emulated: their per-head ReduceMean layout is not documented precisely."""
+    op = "npu_scatter_pa_cache"
+    if key.dim() == 4 or compress_lens is not None or compress_seq_offsets is not None or seq_lens is not None:
+        raise NotImplementedError("%s: the compressed scenarios (compress_lens / compress_seq_offsets / seq_lens, "
+                                  "4-D key) are not emulated on the CPU-emulated NPU" % op)
+    check(key.dim() == 3, op, "key must be [tokens, heads, head_size], got %s" % (tuple(key.shape),))
+    check(key_cache.dim() == 4 and tuple(key_cache.shape[2:]) == tuple(key.shape[1:]), op,
+          "key_cache must be [num_blocks, block_size, %d, %d], got %s"
+          % (key.size(1), key.size(2), tuple(key_cache.shape)))
+    check(key.dtype == key_cache.dtype, op, "key and key_cache must have one dtype, got %s and %s"
+          % (key.dtype, key_cache.dtype))
+    check(slot_mapping.dtype in (torch.int32, torch.int64), op, "slot_mapping must be int32 or int64")
+    check(slot_mapping.numel() == key.size(0), op, "slot_mapping must hold one slot per token (%d), got %d"
+          % (key.size(0), slot_mapping.numel()))
+    num_blocks, block_size = key_cache.shape[:2]
+    slots = slot_mapping.reshape(-1).long()
+    if slots.numel() and not _symbolic(slots):
+        lo, hi = int(slots.min()), int(slots.max())
+        check(0 <= lo and hi < num_blocks * block_size, op, "slot_mapping values must be in [0, %d], got [%d, %d]"
+              % (num_blocks * block_size - 1, lo, hi))
+    key_cache[slots // block_size, slots % block_size] = key
+    return key_cache
+
+
+def _scatter_list_into(op, outputs, indices, updates, mask, reduce, axis):
+    """outputs[i].select(axis, indices[i]) = updates[i].select(axis, 0) for every list entry."""
+    check(reduce == "update", op, "reduce must be 'update', got %r" % (reduce,))
+    check(len(outputs) > 0, op, "the tensor list must not be empty")
+    rank = outputs[0].dim()
+    check(axis in (-2, -1, rank - 2, rank - 1), op, "axis must be -2 or -1, got %d" % axis)
+    dim = axis % rank
+    check(indices.dim() == 1 and indices.size(0) == len(outputs), op,
+          "indices must be 1-D with one index per tensor (%d), got %s" % (len(outputs), tuple(indices.shape)))
+    check(indices.dtype in (torch.int32, torch.int64), op, "indices must be int32 or int64")
+    expected = [len(outputs)] + [1 if d == dim else s for d, s in enumerate(outputs[0].shape)]
+    if updates.dim() == rank + 1 and updates.size(dim + 1) != 1:
+        raise NotImplementedError("%s: updates of %d rows along axis are not emulated (only the documented one row "
+                                  "per tensor)" % (op, updates.size(dim + 1)))
+    check(list(updates.shape) == expected, op, "updates must be %s, got %s" % (expected, list(updates.shape)))
+    if mask is not None:
+        check(mask.dim() == 1 and mask.size(0) == len(outputs), op, "mask must be 1-D with one entry per tensor")
+        if not _symbolic(mask) and not bool((mask != 0).all()):
+            raise NotImplementedError("%s: a mask with zero entries is not emulated (its effect is not documented)"
+                                      % op)
+    for i, out in enumerate(outputs):
+        check(tuple(out.shape) == tuple(outputs[0].shape) and out.dtype == updates.dtype, op,
+              "every tensor must have shape %s and updates' dtype" % (tuple(outputs[0].shape),))
+        out.index_copy_(dim, indices[i:i + 1].long(), updates[i])
+
+
+@impl("npu_scatter_list")
+def npu_scatter_list(self, indices, updates, mask=None, reduce="update", axis=-2):
+    """Returns copies of the tensors of ``self`` with row ``indices[i]`` along ``axis`` of
+    tensor i replaced by ``updates[i]`` (updates [list, *tensor shape with 1 at axis]). The
+    tested scenario of op-plugin: ``reduce='update'``, ``axis`` -2 or -1, mask None or all ones."""
+    outputs = [t.clone() for t in self]
+    _scatter_list_into("npu_scatter_list", outputs, indices, updates, mask, reduce, axis)
+    return outputs
+
+
+@impl("npu_scatter_list_")
+def npu_scatter_list_(self, indices, updates, mask=None, reduce="update", axis=-2):
+    """In-place :func:`npu_scatter_list`; returns nothing."""
+    _scatter_list_into("npu_scatter_list_", list(self), indices, updates, mask, reduce, axis)

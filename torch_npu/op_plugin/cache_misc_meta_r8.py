@@ -56,24 +56,6 @@ def npu_dequant_rope_quant_kvcache(x, cos, sin, k_cache, v_cache, indices, scale
     return _rope_quant_kvcache(op, x, cos, k_cache, v_cache, size_splits, kv_output)
 
 
-# ----------------------------------------------------------------- paged KV cache scatter
-
-@meta("npu_scatter_pa_cache.value")
-def npu_scatter_pa_cache_value(key, slot_mapping, *, compress_lens=None, compress_seq_offsets=None, seq_lens=None,
-                               key_cache):
-    return key_cache
-
-
-@meta("npu_scatter_list")
-def npu_scatter_list(self, indices, updates, mask=None, reduce="update", axis=-2):
-    return [torch.empty_like(t) for t in self]
-
-
-@meta("npu_scatter_list_")
-def npu_scatter_list_(self, indices, updates, mask=None, reduce="update", axis=-2):
-    return None
-
-
 # ----------------------------------------------------------------- rmsnorm + rope + cache
 
 def _kv_rmsnorm_rope_outputs(op, kv, gamma, cos, v):
