@@ -5,6 +5,8 @@ Emulated norms are checked against references written here from the documented f
 Meta-only ops are checked for the documented output shapes/dtypes under FakeTensorMode and
 for the NotImplementedError a real call still raises.
 """
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -358,6 +360,77 @@ def test_add_rms_norm_dynamic_quant(device):
         torch_npu.npu_add_rms_norm_dynamic_quant(d(x1), d(x2), d(gamma), y_dtype=torch.quint4x2)
 
 
+# ------------------------------------------------------------------ npu_group_quant / npu_gelu_quant
+
+
+def test_group_quant_documented_example():
+    """The example of torch_npu-npu_group_quant.md (inputs and printed int8 result)."""
+    x = torch.tensor([[1.0029, -1.2373, 1.0107, -0.2681], [0.5791, 0.1101, 1.0059, -0.9658],
+                      [-1.7637, 1.7588, -1.3193, 0.3989], [1.3262, 0.4854, 1.9551, 0.9697],
+                      [-0.8770, -1.8828, 2.1777, -0.0050], [0.4722, 0.5605, 0.8267, -0.9810]]).half()
+    scale = torch.tensor([[-0.2710, -0.9381, 0.2850, -1.1230], [0.5217, -0.7233, -0.1730, -0.1245],
+                          [-1.5433, -0.9129, -2.2095, 1.7371], [-0.8253, 0.3973, 0.1430, 0.3885]])
+    group_index = torch.tensor([1, 4, 6, 6], dtype=torch.int32)
+    expected = torch.tensor([[-1, 0, -1, -1], [-1, -1, -1, -1], [-2, -2, -1, -1],
+                             [0, -2, -2, -1], [0, 1, -6, -1], [-2, -2, -3, -3]], dtype=torch.int8)
+    y = torch_npu.npu_group_quant(x.npu(), scale.npu(), group_index.npu(), offset=torch.tensor([-1.1658]).npu(),
+                                  dst_dtype=torch.qint8)
+    assert y.device.type == "npu" and torch.equal(y.cpu(), expected)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_group_quant_formula(device):
+    x = _rand(9, 12, seed=110).to(torch.bfloat16)
+    scale = _rand(4, 12, seed=111).float() * 60
+    group_index = torch.tensor([2, 2, 7, 9], dtype=torch.int64)     # group 1 is empty
+    y = torch_npu.npu_group_quant(x.to(device), scale.to(device), group_index.to(device))
+    ref = torch.empty(9, 12, dtype=torch.float64)
+    start = 0
+    for g, end in enumerate(group_index.tolist()):                    # rows [start, end) use scale[g]
+        for r in range(start, end):
+            ref[r] = x[r].double() * scale[g].double()
+        start = end
+    _assert_int8_close(y, _q8_ref(ref))
+    assert float(ref.abs().max()) > 128                               # saturation exercised
+    with pytest.raises(NotImplementedError, match="dst_dtype"):
+        torch_npu.npu_group_quant(x.to(device), scale.to(device), group_index.to(device), dst_dtype=torch.quint4x2)
+    with pytest.raises(RuntimeError, match="group_index must be 1-D of length 4"):
+        torch_npu.npu_group_quant(x.to(device), scale.to(device), group_index[:3].to(device))
+
+
+def _gelu_ref(x, approximate):
+    if approximate == "tanh":
+        return 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+    return 0.5 * x * (1 + torch.erf(x / math.sqrt(2)))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu_quant(device, approximate):
+    x = (_rand(3, 4, 40, seed=120) * 2).half()
+    s, o = (_rand(40, seed=121).abs() * 20 + 1).half(), _rand(40, seed=122).round().half()
+    d = lambda t: None if t is None else t.to(device)
+    g = _gelu_ref(x.double(), approximate)
+    # dynamic: per-row scale = max|g * input_scale| / 127
+    y, scale = torch_npu.npu_gelu_quant(d(x), input_scale=d(s), approximate=approximate)
+    gs = g * s.double()
+    ref_scale = gs.abs().amax(-1) / 127
+    assert scale.shape == (3, 4) and scale.dtype == torch.float32
+    _close(scale, ref_scale, 1e-5, 1e-4)
+    _assert_int8_close(y, _q8_ref(gs / ref_scale.unsqueeze(-1)))
+    y, scale = torch_npu.npu_gelu_quant(d(x), approximate=approximate)      # no input_scale
+    _assert_int8_close(y, _q8_ref(g / (g.abs().amax(-1, keepdim=True) / 127)))
+    # static: round(g * scale + offset), no scale output
+    y, scale = torch_npu.npu_gelu_quant(d(x), input_scale=d(s), input_offset=d(o), approximate=approximate,
+                                        quant_mode="static")
+    assert scale is None
+    _assert_int8_close(y, _q8_ref(g * s.double() + o.double()))
+    with pytest.raises(NotImplementedError, match="dst_type"):
+        torch_npu.npu_gelu_quant(d(x), dst_type=292)
+    with pytest.raises(RuntimeError, match="quant_mode must be"):
+        torch_npu.npu_gelu_quant(d(x), quant_mode="pertoken")
+
+
 # ------------------------------------------------------------------ Meta-only ops
 
 FP4 = 296          # torch_npu.float4_e2m1fn_x2
@@ -448,8 +521,8 @@ META_CASES = [
      lambda: torch.ops.npu.npu_gelu_quant(_fake(2, 3, 9)),
      [((2, 3, 9), I8), ((2, 3), F32)]),
     ("npu_gelu_quant",
-     lambda: torch.ops.npu.npu_gelu_quant(_fake(2, 9), input_scale=_fake(9), quant_mode="static", dst_type=HIF8),
-     [((2, 9), U8), None]),
+     lambda: torch.ops.npu.npu_gelu_quant(_fake(2, 9), input_scale=_fake(9), quant_mode="static"),
+     [((2, 9), I8), None]),
     ("npu_kronecker_quant",
      lambda: torch.ops.npu.npu_kronecker_quant(_fake(6, 4, 16), _fake(4, 4), _fake(16, 16)),
      [((6, 4, 2), I32), ((6,), F32)]),
@@ -457,11 +530,8 @@ META_CASES = [
      lambda: torch.ops.npu.npu_kronecker_quant(_fake(6, 4, 40), _fake(4, 4), _fake(40, 40), dst_dtype=FP4),
      [((6, 80), U8), ((6, 3, 2), U8)]),
     ("npu_group_quant",
-     lambda: torch.ops.npu.npu_group_quant(_fake(6, 16), _fake(2, 16), _fake(2, dtype=I32), dst_dtype=torch.quint4x2),
-     [((6, 2), I32)]),
-    ("npu_group_quant",
-     lambda: torch.ops.npu.npu_group_quant(_fake(6, 16), _fake(2, 16), _fake(2, dtype=I32), dst_dtype=torch.quint8),
-     [((6, 16), U8)]),
+     lambda: torch.ops.npu.npu_group_quant(_fake(6, 16), _fake(2, 16), _fake(2, dtype=I32), dst_dtype=torch.qint8),
+     [((6, 16), I8)]),
     ("npu_dequant_bias",
      lambda: torch.ops.npu.npu_dequant_bias(_fake(4, 8, dtype=I32), _fake(8, dtype=F32), None, None,
                                             output_dtype=torch.bfloat16),
@@ -527,7 +597,8 @@ def test_meta_shapes(name, call, expected):
 
 # one real call per meta-only op: the computation is still not emulated
 REAL_CALLS = {
-    "npu_gelu_quant": lambda: torch.ops.npu.npu_gelu_quant(torch.randn(2, 8)),
+    "npu_dequant_bias": lambda: torch.ops.npu.npu_dequant_bias(
+        torch.ones(2, 8, dtype=torch.int32), torch.ones(8), None, None),
     "npu_quant_max": lambda: torch.ops.npu.npu_quant_max(torch.randn(2, 4), torch.ones(1)),
     "npu_swiglu_mx_quant": lambda: torch.ops.npu.npu_swiglu_mx_quant(torch.randn(2, 64)),
     "npu_ifmr": lambda: torch.ops.npu.npu_ifmr(torch.randn(4), torch.zeros(1), torch.ones(1),
@@ -554,7 +625,7 @@ def test_every_meta_kernel_has_the_schema_signature():
     import inspect
     from torch_npu.op_plugin import _registry, norm_quant_meta_r8
     fns = {n: f for n, f in _registry.META.items() if f.__module__ == norm_quant_meta_r8.__name__}
-    assert len(fns) == 25
+    assert len(fns) == 23
     for name, fn in fns.items():
         schema = getattr(torch.ops.npu, _registry.base_name(name)).default._schema
         params = list(inspect.signature(fn).parameters.values())

@@ -1,6 +1,6 @@
 """Meta kernels (output shapes and dtypes only) for the quantising norm ops and the
-quantisation ops whose computation is not emulated yet (the emulated int8 RmsNorm quant ops
-are in norm_quant_rms_quant_r8.py).
+quantisation ops whose computation is not emulated yet (the emulated int8 ops are in
+norm_quant_rms_quant_r8.py and norm_quant_int8_r8.py).
 
 Each function has the op's schema signature and returns empty outputs with the shapes and
 dtypes op-plugin's adapter (``op_plugin/ops/opapi/*``) and meta registrations allocate, so
@@ -283,21 +283,6 @@ def npu_quant_max_meta(x, scale, *, round_mode="rint", dst_dtype=291, group_list
     return _new(x, x.shape, dt), _new(x, [1], x.dtype)
 
 
-@meta("npu_gelu_quant")
-def npu_gelu_quant_meta(self, *, input_scale=None, input_offset=None, approximate='none', quant_mode='dynamic',
-                        dst_type=None, round_mode='rint'):
-    """``(y, scale)``: y has the input's shape in ``dst_type`` (default int8); in dynamic mode
-    scale is float32 over the leading dims, in static mode it is undefined (None)."""
-    op = "npu_gelu_quant"
-    _fail(quant_mode in ("dynamic", "static"), op,
-          "Parameter quant_mode must be 'dynamic' or 'static', got: %s" % quant_mode)
-    dt, _ = _storage(op, "dst_type", 1 if dst_type is None else dst_type)
-    y = _new(self, self.shape, dt)
-    if quant_mode == "static":
-        return y, None
-    return y, _new(self, list(self.shape[:-1]), torch.float32)
-
-
 @meta("npu_kronecker_quant")
 def npu_kronecker_quant_meta(x, kronecker_p1, kronecker_p2, clip_ratio=None, dst_dtype=None, dst_type_max=None):
     """``(out, quant_scale)`` of x ``[K, M, N]``: int32 (eight int4 per int32, last dim / 8) and
@@ -313,21 +298,6 @@ def npu_kronecker_quant_meta(x, kronecker_p1, kronecker_p2, clip_ratio=None, dst
         _unsupported(op, "dst_dtype=%r (int32 or torch_npu.float4_e2m1fn_x2)" % (dst_dtype,))
     _fail(x.shape[-1] % 8 == 0, op, "last dim of input x must be divisible by 8")
     return _new(x, _packed(op, x.shape, 8), torch.int32), _new(x, [x.shape[0]], torch.float32)
-
-
-@meta("npu_group_quant")
-def npu_group_quant_meta(x, scale, group_index, *, offset=None, dst_dtype=None):
-    """``y`` with x's shape: int8 (default, qint8), uint8 (quint8) or int32 with the last dim
-    / 8 (quint4x2)."""
-    op = "npu_group_quant"
-    if dst_dtype is None or dst_dtype in (torch.qint8, torch.int8):
-        return _new(x, x.shape, torch.int8)
-    if dst_dtype in (torch.quint8, torch.uint8):
-        return _new(x, x.shape, torch.uint8)
-    if dst_dtype == torch.quint4x2:
-        _fail(x.shape[-1] % 8 == 0, op, "If dst_dtype is quint4x2, last dim must be divisible by 8")
-        return _new(x, _packed(op, x.shape, 8), torch.int32)
-    _unsupported(op, "dst_dtype=%s" % dst_dtype)
 
 
 @meta("npu_dequant_bias")
