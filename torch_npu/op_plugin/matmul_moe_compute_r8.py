@@ -1,4 +1,4 @@
-"""Emulated: npu_grouped_matmul_add(_) and npu_fused_matmul.
+"""Emulated: npu_grouped_matmul_add(_), npu_fused_matmul and npu_batch_gather_matmul(_).
 
 * ``npu_grouped_matmul_add_(self, x, weight, group_list)``: ``self[g] += x[K_g].T @ weight[K_g]``
   where ``K_g`` is group ``g``'s slice of the K axis (the doc's ``self = self + x @ weight`` with
@@ -14,6 +14,13 @@
   ``"gelu_erf"`` / ``"gelu_tanh"`` (of ``x1 @ x2``, no bias). Computed in float32, returned in the
   dtype of ``x1`` (float32 for ``"16cast32"``). float32 inputs are exact float32 here (the NPU runs
   them as HF32). The documented rank / dtype / bias / x3 rules are validated.
+* ``npu_batch_gather_matmul(y, x, weight_b, indices, weight_a)`` (AddLora / BGMV):
+  ``y[i, y_offset : y_offset + H2] += scale * (x[i] @ weight_a[indices[i], layer_idx].T) @
+  weight_b[indices[i], layer_idx].T`` with ``weight_a (W, L, R, H1)`` (None: the first matmul is
+  skipped and ``weight_b`` is ``(W, L, H2, H1)``), ``weight_b (W, L, H2, R)``; float16 as documented,
+  float32 inside, rounded once. ``y_slice_size`` (-1: y's width) must equal H2, and indices must lie
+  in ``[0, W)`` (checked on real tensors, a host read): other cases are not documented and raise.
+  The ``_`` form updates ``y`` in place and returns it.
 """
 import torch
 
@@ -115,3 +122,61 @@ def npu_fused_matmul(x1, x2, *, bias=None, x3=None, fused_op_type=''):
     elif gelu:
         y = torch.nn.functional.gelu(y, approximate="tanh" if kind == "gelu_tanh" else "none")
     return y if kind == "16cast32" else y.to(x1.dtype)
+
+
+def _lora_delta(op, y, x, weight_b, indices, weight_a, layer_idx, scale, y_offset, y_slice_size):
+    """(B, H2) float32 update and the column offset it goes to."""
+    check(y.dim() == 2 and x.dim() == 2 and y.shape[0] == x.shape[0], op, "y (B, H3) and x (B, H1) must be 2-D "
+          "with the same B")
+    for name, t in (("y", y), ("x", x), ("weight_b", weight_b)) + ((("weight_a", weight_a),) if weight_a is not None
+                                                                   else ()):
+        check(t.dtype == torch.float16, op, "%s must be float16, got %s" % (name, t.dtype))
+    check(indices.dim() == 1 and indices.shape[0] == x.shape[0], op, "indices must be 1-D with B = %d entries"
+          % x.shape[0])
+    check(indices.dtype == torch.int32, op, "indices must be int32, got %s" % indices.dtype)
+    check(weight_b.dim() == 4, op, "weight_b must be 4-D (W, L, H2, R)")
+    w, layers, h2 = weight_b.shape[:3]
+    check(0 <= layer_idx < layers, op, "layer_idx must be in [0, %d), got %d" % (layers, layer_idx))
+    width = y.shape[1] if y_slice_size == -1 else y_slice_size
+    if width != h2:
+        _unsupported(op, "y_slice_size=%d different from weight_b's H2=%d (undocumented)" % (width, h2))
+    check(0 <= y_offset and y_offset + h2 <= y.shape[1], op, "y_offset + H2 (%d + %d) exceeds y's width %d"
+          % (y_offset, h2, y.shape[1]))
+    from torch_npu.op_plugin.comm_matmul import _symbolic
+    if not _symbolic(indices) and bool(((indices < 0) | (indices >= w)).any()):
+        _unsupported(op, "indices outside [0, %d) (rows without an adapter are not documented)" % w)
+    idx = indices.long()
+    rows = x.float()
+    if weight_a is not None:
+        check(weight_a.dim() == 4 and tuple(weight_a.shape[:2]) == (w, layers), op,
+              "weight_a must be (W, L, R, H1) with W, L of weight_b")
+        check(weight_a.shape[2] == weight_b.shape[3] and weight_a.shape[3] == x.shape[1], op,
+              "weight_a (W, L, R, H1) must match weight_b's R and x's H1")
+        a = weight_a[:, layer_idx].float().index_select(0, idx)                # (B, R, H1)
+        rows = torch.matmul(a, rows.unsqueeze(-1)).squeeze(-1)                  # (B, R)
+    else:
+        check(weight_b.shape[3] == x.shape[1], op, "without weight_a, weight_b must be (W, L, H2, H1)")
+    b = weight_b[:, layer_idx].float().index_select(0, idx)                    # (B, H2, R)
+    return torch.matmul(b, rows.unsqueeze(-1)).squeeze(-1) * scale, y_offset, h2
+
+
+def _lora_apply(y, delta, offset, width):
+    out = y.float()
+    left, mid, right = out[:, :offset], out[:, offset:offset + width] + delta, out[:, offset + width:]
+    return torch.cat([left, mid, right], dim=1).to(y.dtype)
+
+
+@impl("npu_batch_gather_matmul")
+def npu_batch_gather_matmul(self, x, weight_b, indices, weight_a=None, layer_idx=0, scale=1e-3, y_offset=0,
+                            y_slice_size=-1):
+    delta, offset, width = _lora_delta("npu_batch_gather_matmul", self, x, weight_b, indices, weight_a, layer_idx,
+                                       scale, y_offset, y_slice_size)
+    return _lora_apply(self, delta, offset, width)
+
+
+@impl("npu_batch_gather_matmul_")
+def npu_batch_gather_matmul_(self, x, weight_b, indices, weight_a=None, layer_idx=0, scale=1e-3, y_offset=0,
+                             y_slice_size=-1):
+    delta, offset, width = _lora_delta("npu_batch_gather_matmul_", self, x, weight_b, indices, weight_a, layer_idx,
+                                       scale, y_offset, y_slice_size)
+    return self.copy_(_lora_apply(self, delta, offset, width))

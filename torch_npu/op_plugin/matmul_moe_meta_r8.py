@@ -75,18 +75,6 @@ def npu_add_quant_matmul_(self, x1, x2, x2_scale, *, x1_scale=None, group_sizes=
     return self
 
 
-@meta("npu_batch_gather_matmul")
-def npu_batch_gather_matmul(self, x, weight_b, indices, weight_a=None, layer_idx=0, scale=1e-3, y_offset=0,
-                            y_slice_size=-1):
-    return torch.empty_like(self)
-
-
-@meta("npu_batch_gather_matmul_")
-def npu_batch_gather_matmul_(self, x, weight_b, indices, weight_a=None, layer_idx=0, scale=1e-3, y_offset=0,
-                             y_slice_size=-1):
-    return self
-
-
 # ----------------------------------------------------------------- quantised matmuls
 
 @meta("npu_dual_level_quant_matmul")
