@@ -56,50 +56,7 @@ def npu_dequant_rope_quant_kvcache(x, cos, sin, k_cache, v_cache, indices, scale
     return _rope_quant_kvcache(op, x, cos, k_cache, v_cache, size_splits, kv_output)
 
 
-# ----------------------------------------------------------------- rmsnorm + rope + cache
-
-def _kv_rmsnorm_rope_outputs(op, kv, gamma, cos, v):
-    """k_rope [B, N, S, cos.size(3)] and c_kv [B, N, S, gamma.size(0)] in kv's dtype; with ``v``
-    the two intermediate outputs are [B, N, S, kv.size(3)] and [B, N, S, v.size(3)]."""
-    _check(kv.dim() == 4, op, "kv must be 4-D [B, N, S, D], got %d-D" % kv.dim())
-    _check(gamma.dim() == 1, op, "gamma must be 1-D, got %d-D" % gamma.dim())
-    _check(cos.dim() == 4, op, "cos must be 4-D, got %d-D" % cos.dim())
-    lead = list(kv.shape[:3])
-    if v is not None and v.dim() > 0:
-        _check(v.dtype == kv.dtype, op, "v must have kv's dtype %s, got %s" % (kv.dtype, v.dtype))
-        _check(v.dim() == 4, op, "v must be 4-D, got %d-D" % v.dim())
-        _check(list(v.shape[:3]) == lead, op, "v must have kv's [B, N, S] %s, got %s"
-               % (lead, list(v.shape[:3])))
-    if v is None:
-        rope_dim, ckv_dim = cos.size(3), gamma.size(0)
-    else:
-        rope_dim, ckv_dim = kv.size(3), v.size(3)
-    return kv.new_empty(lead + [rope_dim]), kv.new_empty(lead + [ckv_dim])
-
-
-@meta("npu_kv_rmsnorm_rope_cache")
-def npu_kv_rmsnorm_rope_cache(kv, gamma, cos, sin, index, k_cache, ckv_cache, *, k_rope_scale=None, c_kv_scale=None,
-                              k_rope_offset=None, c_kv_offset=None, v=None, epsilon=1e-5, cache_mode="Norm",
-                              is_output_kv=False):
-    k_rope, c_kv = _kv_rmsnorm_rope_outputs("npu_kv_rmsnorm_rope_cache", kv, gamma, cos, v)
-    return torch.empty_like(k_cache), torch.empty_like(ckv_cache), k_rope, c_kv
-
-
-@meta("npu_kv_rmsnorm_rope_cache_v2")
-def npu_kv_rmsnorm_rope_cache_v2(kv, gamma, cos, sin, index, k_cache, ckv_cache, *, k_rope_scale=None,
-                                 c_kv_scale=None, k_rope_offset=None, c_kv_offset=None, v=None, epsilon=1e-5,
-                                 cache_mode="Norm", is_output_kv=False, k_cache_dtype=None, ckv_cache_dtype=None):
-    return _kv_rmsnorm_rope_outputs("npu_kv_rmsnorm_rope_cache_v2", kv, gamma, cos, v)
-
-
-@meta("npu_kv_rmsnorm_rope_cache_v2_functional")
-def npu_kv_rmsnorm_rope_cache_v2_functional(kv, gamma, cos, sin, index, k_cache, ckv_cache, *, k_rope_scale=None,
-                                            c_kv_scale=None, k_rope_offset=None, c_kv_offset=None, v=None,
-                                            epsilon=1e-5, cache_mode="Norm", is_output_kv=False, k_cache_dtype=None,
-                                            ckv_cache_dtype=None):
-    k_rope, c_kv = _kv_rmsnorm_rope_outputs("npu_kv_rmsnorm_rope_cache_v2_functional", kv, gamma, cos, v)
-    return k_rope, c_kv, torch.empty_like(k_cache), torch.empty_like(ckv_cache)
-
+# ----------------------------------------------------------------- qkv rmsnorm + rope + cache
 
 def _qkv_rms_norm_rope_outputs(op, qkv, q_gamma, k_gamma, cos, sin, qkv_size, head_nums, is_output_qkv):
     """q/k/v before quantisation, [T, heads * D] in qkv's dtype (D = qkv_size[3], heads from
