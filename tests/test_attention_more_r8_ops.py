@@ -1,0 +1,644 @@
+"""Round-8 attention ops: emulated ones against float64 references written here from the
+documented formulas; meta-only ones through FakeTensorMode (shapes/dtypes from the docs) and
+the NotImplementedError of a real call."""
+import math
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import torch_npu  # noqa: F401
+from torch_npu.op_plugin._registry import not_emulated_message
+
+ops = torch.ops.npu
+DEVICES = ["cpu", "npu"]
+LOW = [(torch.float16, 2e-3, 2e-3), (torch.bfloat16, 2e-2, 2e-2)]
+
+
+def _close(actual, expected, atol, rtol):
+    torch.testing.assert_close(actual.detach().cpu().double(), expected.double(), atol=atol, rtol=rtol)
+
+
+# ------------------------------------------------------------------ npu_interleave_rope
+
+def _rope_ref(x, cos, sin):
+    x, cos, sin = x.double(), cos.double(), sin.double()
+    b, n, s, d = x.shape
+    out = torch.empty(b, n, s, d, dtype=torch.float64)
+    half = d // 2
+    for bi in range(b):
+        for ni in range(n):
+            for si in range(s):
+                c = cos[bi, 0, si if cos.shape[2] > 1 else 0]
+                sn = sin[bi, 0, si if sin.shape[2] > 1 else 0]
+                q = [x[bi, ni, si, 2 * j] for j in range(half)] + [x[bi, ni, si, 2 * j + 1] for j in range(half)]
+                for j in range(d):
+                    rot = -q[j + half] if j < half else q[j - half]
+                    out[bi, ni, si, j] = q[j] * c[j] + rot * sn[j]
+    return out
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("s_cos", [1, 3])
+def test_interleave_rope_float32(device, s_cos):
+    torch.manual_seed(0)
+    x = torch.randn(2, 2, 3, 8)
+    cos, sin = torch.randn(2, 1, s_cos, 8), torch.randn(2, 1, s_cos, 8)
+    out = torch_npu.npu_interleave_rope(x.to(device), cos.to(device), sin.to(device))
+    assert out.device.type == device and out.shape == x.shape and out.dtype == x.dtype
+    _close(out, _rope_ref(x, cos, sin), 1e-5, 1e-5)
+
+
+@pytest.mark.parametrize("dtype,atol,rtol", LOW)
+def test_interleave_rope_low_precision(dtype, atol, rtol):
+    torch.manual_seed(1)
+    x, cos, sin = (torch.randn(2, 2, 1, 64).to(dtype), torch.randn(2, 1, 1, 64).to(dtype),
+                   torch.randn(2, 1, 1, 64).to(dtype))
+    out = torch_npu.npu_interleave_rope(x.npu(), cos.npu(), sin.npu())
+    assert out.dtype == dtype
+    _close(out, _rope_ref(x, cos, sin), atol * 8, rtol)
+
+
+def test_interleave_rope_errors_and_fake():
+    with pytest.raises(RuntimeError, match="cos/sin must be"):
+        torch_npu.npu_interleave_rope(torch.randn(1, 2, 3, 8), torch.randn(1, 2, 3, 8), torch.randn(1, 2, 3, 8))
+    with FakeTensorMode():
+        out = ops.npu_interleave_rope(torch.randn(3, 4, 5, 64, dtype=torch.bfloat16),
+                                      torch.randn(3, 1, 5, 64, dtype=torch.bfloat16),
+                                      torch.randn(3, 1, 5, 64, dtype=torch.bfloat16))
+    assert out.shape == (3, 4, 5, 64) and out.dtype == torch.bfloat16
+
+
+# ------------------------------------------------------------------ npu_masked_softmax_with_rel_pos_bias
+
+def _mswrpb_ref(x5, mask3, bias3, scale):
+    b, w, n, s1, s2 = x5.shape
+    out = torch.empty(b, w, n, s1, s2, dtype=torch.float64)
+    for bi in range(b):
+        for wi in range(w):
+            for ni in range(n):
+                y = scale * x5[bi, wi, ni].double() + bias3[ni].double()
+                if mask3 is not None:
+                    y = y + mask3[wi].double()
+                e = torch.exp(y - y.max(-1, keepdim=True).values)
+                out[bi, wi, ni] = e / e.sum(-1, keepdim=True)
+    return out
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_masked_softmax_rel_pos_bias_4d_and_5d(device):
+    torch.manual_seed(2)
+    b, w, n, s1, s2 = 2, 3, 2, 4, 5
+    x5 = torch.randn(b, w, n, s1, s2)
+    mask3 = torch.randn(w, s1, s2)
+    bias3 = torch.randn(n, s1, s2)
+    ref = _mswrpb_ref(x5, mask3, bias3, 0.7)
+    out5 = torch_npu.npu_masked_softmax_with_rel_pos_bias(x5.to(device), mask3.unsqueeze(0).unsqueeze(2).to(device),
+                                                          bias3.reshape(1, 1, n, s1, s2).to(device), 0.7)
+    _close(out5, ref, 1e-5, 1e-5)
+    out4 = torch_npu.npu_masked_softmax_with_rel_pos_bias(x5.reshape(b * w, n, s1, s2).to(device), mask3.to(device),
+                                                          bias3.unsqueeze(0).to(device), 0.7)
+    assert out4.shape == (b * w, n, s1, s2)
+    _close(out4, ref.reshape(b * w, n, s1, s2), 1e-5, 1e-5)
+    no_mask = torch_npu.npu_masked_softmax_with_rel_pos_bias(x5.to(device), None, bias3.to(device), 0.7)
+    _close(no_mask, _mswrpb_ref(x5, None, bias3, 0.7), 1e-5, 1e-5)
+
+
+@pytest.mark.parametrize("dtype,atol,rtol", LOW)
+def test_masked_softmax_rel_pos_bias_low_precision(dtype, atol, rtol):
+    torch.manual_seed(3)
+    x5, mask3, bias3 = torch.randn(1, 2, 2, 3, 8), torch.randn(2, 3, 8), torch.randn(2, 3, 8)
+    out = torch_npu.npu_masked_softmax_with_rel_pos_bias(x5.to(dtype), mask3.to(dtype), bias3.to(dtype))
+    assert out.dtype == dtype
+    _close(out, _mswrpb_ref(x5.to(dtype), mask3.to(dtype), bias3.to(dtype), 1.0), atol, rtol)
+
+
+def test_masked_softmax_rel_pos_bias_errors_and_fake():
+    with pytest.raises(RuntimeError, match="multiple of W"):
+        torch_npu.npu_masked_softmax_with_rel_pos_bias(torch.randn(5, 2, 3, 4), torch.randn(2, 3, 4),
+                                                       torch.randn(2, 3, 4))
+    with pytest.raises(RuntimeError, match="relative_pos_bias must hold"):
+        torch_npu.npu_masked_softmax_with_rel_pos_bias(torch.randn(4, 2, 3, 4), None, torch.randn(3, 3, 4))
+    with FakeTensorMode():
+        out = ops.npu_masked_softmax_with_rel_pos_bias(torch.randn(96, 2, 2, 32, 32), torch.randn(1, 2, 1, 32, 32),
+                                                       torch.randn(1, 1, 2, 32, 32))
+    assert out.shape == (96, 2, 2, 32, 32) and out.dtype == torch.float32
+
+
+# ------------------------------------------------------------------ npu_attention_update
+
+def _update_ref(lses, outs):
+    n, h = outs[0].shape
+    out = torch.zeros(n, h, dtype=torch.float64)
+    lse = torch.zeros(n, dtype=torch.float64)
+    for r in range(n):
+        vals = [float(l[r]) for l in lses]
+        top = max(vals)
+        lse[r] = top + math.log(sum(math.exp(v - top) for v in vals))
+        for l_i, o_i in zip(vals, outs):
+            out[r] += o_i[r].double() * math.exp(l_i - lse[r])
+    return out, lse
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype,atol", [(torch.float32, 1e-5), (torch.float16, 2e-3), (torch.bfloat16, 2e-2)])
+def test_attention_update(device, dtype, atol):
+    torch.manual_seed(4)
+    lses = [torch.randn(6) * 3 for _ in range(3)]
+    outs = [torch.randn(6, 16).to(dtype) for _ in range(3)]
+    ref_out, ref_lse = _update_ref(lses, outs)
+    for update_type in (0, 1):
+        out, lse = torch_npu.npu_attention_update([l.to(device) for l in lses], [o.to(device) for o in outs],
+                                                  update_type)
+        assert out.dtype == dtype and lse.dtype == torch.float32 and out.device.type == device
+        _close(out, ref_out, atol, atol)
+        _close(lse, ref_lse, 1e-5, 1e-5)
+
+
+def test_attention_update_errors_and_fake():
+    with pytest.raises(RuntimeError, match="update_type"):
+        torch_npu.npu_attention_update([torch.randn(2)], [torch.randn(2, 8)], 2)
+    with pytest.raises(RuntimeError, match="lse\\[0\\] must be float32"):
+        torch_npu.npu_attention_update([torch.randn(2).half()], [torch.randn(2, 8)], 0)
+    with FakeTensorMode():
+        out, lse = ops.npu_attention_update([torch.randn(5), torch.randn(5)],
+                                            [torch.randn(5, 32).bfloat16(), torch.randn(5, 32).bfloat16()], 1)
+    assert out.shape == (5, 32) and out.dtype == torch.bfloat16 and lse.shape == (5,) and lse.dtype == torch.float32
+
+
+# ------------------------------------------------------------------ npu_attn_softmax_ / _backward_
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_attn_softmax_inplace_and_backward(device):
+    torch.manual_seed(5)
+    logits, grad_out, values = torch.randn(2, 4, 6), torch.randn(2, 4, 3), torch.randn(2, 6, 3)
+    ref_x = logits.double().requires_grad_(True)
+    ref_p = torch.softmax(ref_x, -1)
+    torch.matmul(ref_p, values.double()).backward(grad_out.double())
+    t = logits.clone().to(device)
+    same = torch_npu.npu_attn_softmax_(t)
+    assert same is t
+    _close(t, ref_p.detach(), 1e-6, 1e-6)
+    same = torch_npu.npu_attn_softmax_backward_(t, grad_out.to(device), values.to(device))
+    assert same is t
+    _close(t, ref_x.grad, 1e-5, 1e-5)
+
+
+def test_attn_softmax_low_precision_and_fake():
+    x = torch.randn(3, 5).half()
+    ref = torch.softmax(x.double(), -1)
+    torch_npu.npu_attn_softmax_(x)
+    _close(x, ref, 1e-3, 1e-3)
+    with FakeTensorMode():
+        y = torch.randn(2, 7, 9)
+        assert ops.npu_attn_softmax_(y) is y
+        assert ops.npu_attn_softmax_backward_(y, torch.randn(2, 7, 4), torch.randn(2, 9, 4)).shape == (2, 7, 9)
+    with pytest.raises(RuntimeError, match="values dim -2"):
+        torch_npu.npu_attn_softmax_backward_(torch.randn(2, 3, 4), torch.randn(2, 3, 5), torch.randn(2, 5, 5))
+
+
+# ------------------------------------------------------------------ npu_masked_causal_conv1d_backward
+
+def _conv_grads_ref(g, x, w, mask):
+    s, b, h = x.shape
+    width = w.shape[0]
+    g = g.double().clone()
+    if mask is not None:
+        for bi in range(b):
+            for si in range(s):
+                if not mask[bi, si]:
+                    g[si, bi] = 0
+    gx = torch.zeros(s, b, h, dtype=torch.float64)
+    gw = torch.zeros(width, h, dtype=torch.float64)
+    for si in range(s):
+        for k in range(width):
+            src = si - (width - 1 - k)
+            if src >= 0:
+                gx[src] += w[k].double() * g[si]
+                gw[k] += (g[si] * x[src].double()).sum(0)
+    return gx, gw
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("with_mask", [False, True])
+def test_masked_causal_conv1d_backward(device, with_mask):
+    torch.manual_seed(6)
+    x, w, g = torch.randn(7, 2, 4), torch.randn(3, 4), torch.randn(7, 2, 4)
+    mask = (torch.rand(2, 7) > 0.3) if with_mask else None
+    gx, gw = torch_npu.npu_masked_causal_conv1d_backward(g.to(device), x.to(device), w.to(device),
+                                                        mask=None if mask is None else mask.to(device))
+    rx, rw = _conv_grads_ref(g, x, w, mask)
+    _close(gx, rx, 1e-5, 1e-5)
+    _close(gw, rw, 1e-5, 1e-5)
+
+
+@pytest.mark.parametrize("dtype,atol,rtol", LOW)
+def test_masked_causal_conv1d_backward_low_precision_matches_forward_autograd(dtype, atol, rtol):
+    torch.manual_seed(7)
+    x, w, g = torch.randn(9, 2, 8).to(dtype), torch.randn(3, 8).to(dtype), torch.randn(9, 2, 8).to(dtype)
+    gx, gw = torch_npu.npu_masked_causal_conv1d_backward(g, x, w)
+    assert gx.dtype == dtype and gw.dtype == dtype
+    rx, rw = _conv_grads_ref(g, x, w, None)
+    _close(gx, rx, atol * 4, rtol)
+    _close(gw, rw, atol * 20, rtol * 2)
+
+
+def test_masked_causal_conv1d_backward_fake_and_errors():
+    with FakeTensorMode():
+        gx, gw = ops.npu_masked_causal_conv1d_backward(torch.randn(5, 2, 4).half(), torch.randn(5, 2, 4).half(),
+                                                       torch.randn(3, 4).half())
+    assert gx.shape == (5, 2, 4) and gw.shape == (3, 4) and gx.dtype == torch.float16
+    with pytest.raises(RuntimeError, match="grad_output shape"):
+        torch_npu.npu_masked_causal_conv1d_backward(torch.randn(4, 2, 4), torch.randn(5, 2, 4), torch.randn(3, 4))
+
+
+# ------------------------------------------------------------------ npu_nsa_compress / _grad
+
+def _compress_ref(inp, w, block, stride, cum):
+    rows, prev = [], 0
+    for end in cum:
+        length = end - prev
+        i = 0
+        while length >= block and i * stride + block <= length:
+            start = prev + i * stride
+            acc = torch.zeros(inp.shape[1], inp.shape[2], dtype=torch.float64)
+            for j in range(block):
+                acc += inp[start + j].double() * w[j].double().unsqueeze(-1)
+            rows.append(acc)
+            i += 1
+        prev = end
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype,atol", [(torch.float16, 2e-2), (torch.bfloat16, 1.5e-1)])
+def test_nsa_compress(device, dtype, atol):
+    torch.manual_seed(8)
+    cum, block, stride = [20, 20, 70], 32, 16     # batch 1 (20 < 32) has no window, batch 2 has 50 -> 2
+    inp, w = torch.randn(70, 2, 16).to(dtype), torch.randn(block, 2).to(dtype)
+    out = torch_npu.npu_nsa_compress(inp.to(device), w.to(device), block, stride, actual_seq_len=cum)
+    ref = _compress_ref(inp, w, block, stride, cum)
+    assert out.shape == (2, 2, 16) and out.dtype == dtype
+    _close(out, ref, atol, 1e-2)
+
+
+def test_nsa_compress_grad_matches_loop_adjoint_and_gradcheck():
+    torch.manual_seed(9)
+    cum, block, stride = [40, 72], 16, 16
+    inp, w = torch.randn(72, 2, 16, dtype=torch.float64), torch.randn(block, 2, dtype=torch.float64)
+    out = torch_npu.npu_nsa_compress(inp, w, block, stride, actual_seq_len=cum)
+    g = torch.randn_like(out)
+    gi, gw = torch_npu.npu_nsa_compress_grad(g, inp, w, block, stride, actual_seq_len=cum)
+    # adjoint by loops: <compress(inp, w), g> differentiated by hand
+    ri, rw = torch.zeros_like(inp), torch.zeros_like(w)
+    r, prev = 0, 0
+    for end in cum:
+        length, i = end - prev, 0
+        while i * stride + block <= length:
+            start = prev + i * stride
+            for j in range(block):
+                ri[start + j] += w[j].unsqueeze(-1) * g[r]
+                rw[j] += (inp[start + j] * g[r]).sum(-1)
+            i, r = i + 1, r + 1
+        prev = end
+    _close(gi, ri, 1e-10, 1e-10)
+    _close(gw, rw, 1e-10, 1e-10)
+    inp_small, w_small = inp[:40, :1].clone().requires_grad_(True), w[:, :1].clone().requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda a, b: torch_npu.npu_nsa_compress(a, b, 16, 16, actual_seq_len=[40]),
+                                    (inp_small, w_small), fast_mode=True)
+
+
+def test_nsa_compress_errors_and_fake():
+    with pytest.raises(RuntimeError, match="actual_seq_len\\[-1\\]"):
+        torch_npu.npu_nsa_compress(torch.randn(32, 1, 16).half(), torch.randn(16, 1).half(), 16, 16,
+                                   actual_seq_len=[30])
+    with pytest.raises(RuntimeError, match="compress_stride must be"):
+        torch_npu.npu_nsa_compress(torch.randn(32, 1, 16).half(), torch.randn(16, 1).half(), 16, 32,
+                                   actual_seq_len=[32])
+    with FakeTensorMode():
+        out = ops.npu_nsa_compress(torch.randn(100, 4, 128).half(), torch.randn(32, 4).half(), 32, 16,
+                                   actual_seq_len=[60, 100])
+        gi, gw = ops.npu_nsa_compress_grad(torch.randn(3, 4, 128).half(), torch.randn(100, 4, 128).half(),
+                                           torch.randn(32, 4).half(), 32, 16, actual_seq_len=[60, 100])
+    assert out.shape == (3, 4, 128)           # windows: (60-32)//16+1 = 2 and (40-32)//16+1 = 1
+    assert gi.shape == (100, 4, 128) and gw.shape == (32, 4)
+
+
+# ------------------------------------------------------------------ npu_fused_floyd_attention (+ backward)
+
+def _floyd_ref(q, k1, v1, k2, v2, mask, scale):
+    """Documented formula in float64 torch ops (autograd-capable)."""
+    b, h, n, m, d = q.shape
+    kk = k1.shape[3]
+    s = torch.zeros(b, h, n, m, kk, dtype=torch.float64)
+    s = s + scale * (torch.matmul(q, k1.transpose(-1, -2)) +
+                     (q.unsqueeze(-2) * k2.permute(0, 1, 3, 2, 4).unsqueeze(2)).sum(-1))
+    if mask is not None:
+        s = s.masked_fill(mask, float("-inf"))
+    w = torch.softmax(s, -1)
+    out = torch.matmul(w, v1) + (w.unsqueeze(-1) * v2.permute(0, 1, 3, 2, 4).unsqueeze(2)).sum(-2)
+    mx = s.amax(-1)
+    sm = torch.exp(s - mx.unsqueeze(-1)).sum(-1)
+    return out, mx, sm
+
+
+def _floyd_inputs(dtype, seed=10):
+    g = torch.Generator().manual_seed(seed)
+    b, h, n, m, kk, d = 1, 2, 2, 3, 4, 16
+    q = torch.randn(b, h, n, m, d, generator=g)
+    k1, v1 = torch.randn(b, h, n, kk, d, generator=g), torch.randn(b, h, n, kk, d, generator=g)
+    k2, v2 = torch.randn(b, h, kk, m, d, generator=g), torch.randn(b, h, kk, m, d, generator=g)
+    mask = torch.zeros(b, 1, n, 1, kk, dtype=torch.bool)
+    mask[..., 1, :, 2] = True
+    return [t.to(dtype) for t in (q, k1, v1, k2, v2)], mask
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype,atol", [(torch.float16, 5e-3), (torch.bfloat16, 5e-2)])
+def test_floyd_attention_forward(device, dtype, atol):
+    (q, k1, v1, k2, v2), mask = _floyd_inputs(dtype)
+    mx, sm, out = torch_npu.npu_fused_floyd_attention(q.to(device), k1.to(device), v1.to(device), k2.to(device),
+                                                      v2.to(device), atten_mask=mask.to(device), scale_value=0.25)
+    r_out, r_mx, r_sm = _floyd_ref(*[t.double() for t in (q, k1, v1, k2, v2)], mask, 0.25)
+    assert out.dtype == dtype and mx.dtype == torch.float32 and mx.shape == (1, 2, 2, 3, 8)
+    _close(out, r_out, atol, 1e-2)
+    _close(mx, r_mx.unsqueeze(-1).expand(1, 2, 2, 3, 8), 1e-2, 1e-2)
+    _close(sm, r_sm.unsqueeze(-1).expand(1, 2, 2, 3, 8), 1e-2, 1e-2)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_floyd_attention_backward_matches_reference_autograd(device):
+    (q, k1, v1, k2, v2), mask = _floyd_inputs(torch.float64, seed=11)
+    leaves = [t.clone().requires_grad_(True) for t in (q, k1, v1, k2, v2)]
+    r_out, _, _ = _floyd_ref(*leaves, mask, 0.5)
+    dy = torch.randn_like(r_out)
+    r_grads = torch.autograd.grad(r_out, leaves, dy)
+    dev = [t.to(device) for t in (q, k1, v1, k2, v2)]
+    mx, sm, out = torch_npu.npu_fused_floyd_attention(*dev, atten_mask=mask.to(device), scale_value=0.5)
+    grads = torch_npu.npu_fused_floyd_attention_backward(dy.to(device), *dev, out, mx, sm,
+                                                         atten_mask=mask.to(device), scale_value=0.5)
+    for got, ref in zip(grads, r_grads):
+        _close(got, ref, 1e-9, 1e-9)
+    # the forward composition is differentiable too
+    assert torch.autograd.gradcheck(
+        lambda *a: torch_npu.npu_fused_floyd_attention(*a, atten_mask=mask, scale_value=0.5)[2],
+        tuple(t.clone().requires_grad_(True) for t in (q, k1, v1, k2, v2)), fast_mode=True)
+
+
+def test_floyd_attention_fake_and_errors():
+    with FakeTensorMode():
+        q = torch.randn(1, 1, 16, 128, 32).half()
+        k1 = torch.randn(1, 1, 16, 128, 32).half()
+        k2 = torch.randn(1, 1, 128, 128, 32).half()
+        mx, sm, out = ops.npu_fused_floyd_attention(q, k1, k1, k2, k2)
+        grads = ops.npu_fused_floyd_attention_backward(q, q, k1, k1, k2, k2, out, mx, sm)
+    assert mx.shape == (1, 1, 16, 128, 8) and mx.dtype == torch.float32 and out.shape == q.shape
+    assert [g.shape for g in grads] == [q.shape, k1.shape, k1.shape, k2.shape, k2.shape]
+    with pytest.raises(RuntimeError, match="key_jk / value_jk"):
+        (q, k1, v1, k2, v2), _ = _floyd_inputs(torch.float16)
+        torch_npu.npu_fused_floyd_attention(q, k1, v1, k2[..., :2, :], v2[..., :2, :])
+
+
+# ------------------------------------------------------------------ npu_fusion_attention_v3 (+ grad, .out)
+
+def _sdpa_ref(q, k, v, scale, causal=False):
+    s = torch.matmul(q, k.transpose(-1, -2)) * scale
+    if causal:
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
+    return torch.matmul(torch.softmax(s, -1), v)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fusion_attention_v3_bnsd_forward_backward(device):
+    torch.manual_seed(12)
+    q, k, v = torch.randn(1, 2, 5, 8), torch.randn(1, 2, 6, 8), torch.randn(1, 2, 6, 8)
+    leaves = [t.double().requires_grad_(True) for t in (q, k, v)]
+    ref = _sdpa_ref(*leaves, 0.3)
+    dy = torch.randn(1, 2, 5, 8)
+    r_grads = torch.autograd.grad(ref, leaves, dy.double())
+    x = [t.to(device).requires_grad_(True) for t in (q, k, v)]
+    out, smax, ssum, sout, seed, offset = torch_npu.npu_fusion_attention_v3(x[0], x[1], x[2], 2, "BNSD", scale=0.3)
+    _close(out, ref.detach(), 1e-5, 1e-5)
+    assert smax.shape == (1, 2, 5, 8) and smax.dtype == torch.float32
+    assert seed.shape == (1,) and seed.dtype == torch.int64 and offset.shape == (1,) and offset.dtype == torch.int64
+    assert seed.device.type == device
+    out.backward(dy.to(device))
+    for got, r in zip((x[0].grad, x[1].grad, x[2].grad), r_grads):
+        _close(got, r, 1e-5, 1e-5)
+    dq, dk, dv, dpse, dsink = torch_npu.npu_fusion_attention_grad_v3(
+        q.to(device), k.to(device), v.to(device), dy.to(device), 2, "BNSD", softmax_max=smax, softmax_sum=ssum,
+        attention_in=out.detach(), scale_value=0.3, seed=seed, offset=offset)
+    for got, r in zip((dq, dk, dv), r_grads):
+        _close(got, r, 1e-5, 1e-5)
+
+
+def test_fusion_attention_v3_tnd_with_tensor_lengths_and_out():
+    torch.manual_seed(13)
+    q, k, v = torch.randn(5, 2, 8), torch.randn(5, 2, 8), torch.randn(5, 2, 8)
+    cq = torch.tensor([2, 5])
+    res = torch_npu.npu_fusion_attention_v3(q, k, v, 2, "TND", scale=0.5, actual_seq_qlen=cq, actual_seq_kvlen=cq)
+    ref = torch.cat([_sdpa_ref(q[a:b].transpose(0, 1).double(), k[a:b].transpose(0, 1).double(),
+                               v[a:b].transpose(0, 1).double(), 0.5).transpose(0, 1) for a, b in ((0, 2), (2, 5))])
+    _close(res[0], ref, 1e-5, 1e-5)
+    assert res[1].shape == (5, 2, 8)
+    outs = torch.ops.npu._npu_fusion_attention_v3_infer_output(q, k, v, 2, "TND")
+    assert [o.shape for o in outs] == [(5, 2, 8), (5, 2, 8), (5, 2, 8)]
+    extra = [torch.empty(0), torch.empty(1, dtype=torch.int64), torch.empty(1, dtype=torch.int64)]
+    got = torch.ops.npu.npu_fusion_attention_v3.out(q, k, v, 2, "TND", scale=0.5, actual_seq_qlen=cq,
+                                                    actual_seq_kvlen=cq, attention_score=outs[0],
+                                                    softmax_max=outs[1], softmax_sum=outs[2], softmax_out=extra[0],
+                                                    seed=extra[1], offset=extra[2])
+    assert got[0] is outs[0] and got[4] is extra[1]
+    _close(outs[0], ref, 1e-5, 1e-5)
+    grads = torch.ops.npu._npu_fusion_attention_grad_v3_infer_output(q, k, v)
+    assert [g.shape for g in grads] == [(5, 2, 8)] * 3 + [(0,), (0,)]
+    dy = torch.randn(5, 2, 8)
+    full = torch_npu.npu_fusion_attention_grad_v3(q, k, v, dy, 2, "TND", scale_value=0.5, actual_seq_qlen=cq,
+                                                  actual_seq_kvlen=cq)
+    got = torch.ops.npu.npu_fusion_attention_grad_v3.out(q, k, v, dy, 2, "TND", scale_value=0.5, actual_seq_qlen=cq,
+                                                         actual_seq_kvlen=cq, dq=grads[0], dk=grads[1], dv=grads[2],
+                                                         dpse=grads[3], dsink=grads[4])
+    assert got[0] is grads[0]
+    for a, b in zip(got[:3], full[:3]):
+        torch.testing.assert_close(a, b)
+
+
+def test_fusion_attention_v3_fake_bsh():
+    with FakeTensorMode():
+        q = torch.randn(2, 4, 32).half()
+        res = ops.npu_fusion_attention_v3(q, q, q, 4, "BSH")
+        outs = ops._npu_fusion_attention_v3_infer_output(q, q, q, 4, "SBH")
+    assert res[0].shape == (2, 4, 32) and res[1].shape == (2, 4, 4, 8) and res[4].shape == (1,)
+    assert outs[1].shape == (4, 4, 2, 8)
+
+
+# ------------------------------------------------------------------ npu_fused_infer_attention_score.out / infer_output
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fused_infer_attention_score_out(device):
+    torch.manual_seed(14)
+    q, k, v = torch.randn(1, 2, 3, 8), torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8)
+    ref = _sdpa_ref(q.double(), k.double(), v.double(), 0.4)
+    s = torch.matmul(q.double(), k.double().transpose(-1, -2)) * 0.4
+    ref_lse = torch.logsumexp(s, -1, keepdim=True)
+    out, lse = torch.ops.npu._npu_fused_infer_attention_score_infer_output(
+        q.to(device), v.to(device), input_layout="BNSD", num_heads=2, softmax_lse_flag=True)
+    assert out.shape == (1, 2, 3, 8) and lse.shape == (1, 2, 3, 1) and lse.dtype == torch.float32
+    got = torch.ops.npu.npu_fused_infer_attention_score.out(
+        q.to(device), k.to(device), v.to(device), num_heads=2, scale=0.4, input_layout="BNSD",
+        softmax_lse_flag=True, attention_out=out, softmax_lse=lse)
+    assert got[0] is out and got[1] is lse
+    _close(out, ref, 1e-5, 1e-5)
+    _close(lse, ref_lse, 1e-5, 1e-5)
+
+
+def test_fused_infer_attention_infer_output_shapes():
+    q_bsh, v_bsh = torch.empty(2, 3, 32), torch.empty(2, 7, 16)  # N = 4, N_kv = 2 -> D_v = 8
+    out, lse = torch.ops.npu._npu_fused_infer_attention_score_infer_output(q_bsh, v_bsh, num_heads=4,
+                                                                           num_key_value_heads=2)
+    assert out.shape == (2, 3, 32) and lse.shape == (0,)
+    out, lse = torch.ops.npu._npu_fused_infer_attention_score_infer_output(
+        torch.empty(2, 4, 3, 16), torch.empty(2, 4, 9, 16), input_layout="BNSD_BSND", num_heads=4,
+        softmax_lse_flag=True)
+    assert out.shape == (2, 3, 4, 16) and lse.shape == (2, 4, 3, 1)
+    out, lse = torch.ops.npu._npu_fused_infer_attention_score_infer_output(
+        torch.empty(6, 4, 16, dtype=torch.int8), torch.empty(6, 4, 8), input_layout="TND", num_heads=4,
+        softmax_lse_flag=True)
+    assert out.shape == (6, 4, 8) and out.dtype == torch.float16 and lse.shape == (6, 4, 1)
+    out, _ = torch.ops.npu._npu_fused_infer_attention_score_v2_infer_output(
+        torch.empty(2, 3, 32).bfloat16(), torch.empty(2, 7, 32), num_query_heads=4, quant_scale_out=torch.empty(1))
+    assert out.dtype == torch.int8
+    with pytest.raises(NotImplementedError, match="out_dtype"):
+        torch.ops.npu._npu_fused_infer_attention_score_v2_infer_output(torch.empty(2, 3, 32), torch.empty(2, 7, 32),
+                                                                       num_query_heads=4, out_dtype=1)
+    with pytest.raises(RuntimeError, match="not supported"):
+        torch.ops.npu._npu_fused_infer_attention_score_infer_output(q_bsh, v_bsh, input_layout="XYZ")
+
+
+# ------------------------------------------------------------------ Meta-only ops
+# Each case: overload name, a call building its inputs, the expected (shape, dtype) of every
+# tensor output, written from the op's documentation / op-plugin allocation code.
+
+f16, bf16, f32, i32 = torch.float16, torch.bfloat16, torch.float32, torch.int32
+
+
+def _r(*shape, dtype=f32):
+    return torch.zeros(shape, dtype=dtype)
+
+
+META_CASES = [
+    ("npu_fused_infer_attention_score_v2",
+     lambda: ops.npu_fused_infer_attention_score_v2(_r(2, 4, 3, 16, dtype=f16), _r(2, 1, 9, 16, dtype=f16),
+                                                    _r(2, 1, 9, 8, dtype=f16), num_query_heads=4,
+                                                    num_key_value_heads=1, input_layout="BNSD_BSND",
+                                                    return_softmax_lse=True),
+     [((2, 3, 4, 8), f16), ((2, 4, 3, 1), f32)]),
+    ("npu_fused_infer_attention_score_v2",
+     lambda: ops.npu_fused_infer_attention_score_v2(_r(5, 4, 16, dtype=bf16), _r(9, 2, 16, dtype=bf16),
+                                                    _r(9, 2, 16, dtype=bf16), num_query_heads=4,
+                                                    num_key_value_heads=2, input_layout="TND"),
+     [((5, 4, 16), bf16), ((0,), f32)]),
+    ("npu_fused_infer_attention_score_v2.out",
+     lambda: ops.npu_fused_infer_attention_score_v2.out(_r(2, 3, 32, dtype=f16), _r(2, 9, 32, dtype=f16),
+                                                        _r(2, 9, 32, dtype=f16), num_query_heads=4,
+                                                        attention_out=_r(2, 3, 32, dtype=f16),
+                                                        softmax_lse=_r(0)),
+     [((2, 3, 32), f16), ((0,), f32)]),
+    ("npu_chunk_gated_delta_rule",
+     lambda: ops.npu_chunk_gated_delta_rule(_r(10, 2, 16, dtype=bf16), _r(10, 2, 16, dtype=bf16),
+                                            _r(10, 4, 32, dtype=bf16), beta=_r(10, 4, dtype=bf16),
+                                            initial_state=_r(3, 4, 32, 16, dtype=bf16),
+                                            actual_seq_lengths=_r(3, dtype=i32), scale=0.25),
+     [((10, 4, 32), bf16), ((3, 4, 32, 16), bf16)]),
+    ("npu_lightning_indexer_grad",
+     lambda: ops.npu_lightning_indexer_grad(_r(1, 4, 8, 64, dtype=bf16), _r(1, 6, 1, 64, dtype=bf16),
+                                            _r(1, 4, 1, 2), _r(1, 4, 1, 2, dtype=i32), _r(1, 4, 8, dtype=bf16)),
+     [((1, 4, 8, 64), bf16), ((1, 6, 1, 64), bf16), ((1, 4, 8), bf16)]),
+    ("npu_sparse_flash_attention_grad",
+     lambda: ops.npu_sparse_flash_attention_grad(_r(1, 4, 8, 512, dtype=bf16), _r(1, 6, 1, 512, dtype=bf16),
+                                                 _r(1, 6, 1, 512, dtype=bf16), _r(1, 4, 1, 2, dtype=i32),
+                                                 _r(1, 4, 8, 512, dtype=bf16), _r(1, 4, 8, 512, dtype=bf16),
+                                                 _r(1, 1, 4, 8), _r(1, 1, 4, 8), 0.1, 1,
+                                                 query_rope=_r(1, 4, 8, 64, dtype=bf16)),
+     [((1, 4, 8, 512), bf16), ((1, 6, 1, 512), bf16), ((1, 6, 1, 512), bf16), ((1, 4, 8, 64), bf16),
+      ((0,), bf16)]),
+    ("npu_nsa_compress_attention",
+     lambda: ops.npu_nsa_compress_attention(_r(6, 4, 192, dtype=bf16), _r(5, 2, 192, dtype=bf16),
+                                            _r(5, 2, 128, dtype=bf16), 0.1, 4, 32, 16, 64, 16,
+                                            actual_seq_qlen=[6], actual_cmp_seq_kvlen=[5], actual_sel_seq_kvlen=[2]),
+     [((6, 4, 128), bf16), ((6, 2, 16), i32), ((6, 4, 8), f32), ((6, 4, 8), f32)]),
+    ("npu_nsa_select_attention_grad",
+     lambda: ops.npu_nsa_select_attention_grad(_r(3, 4, 128, dtype=f16), _r(3, 4, 192, dtype=f16),
+                                               _r(64, 1, 192, dtype=f16), _r(64, 1, 128, dtype=f16),
+                                               _r(3, 4, 128, dtype=f16), _r(3, 4, 8), _r(3, 4, 8),
+                                               _r(3, 1, 1, dtype=i32), 0.1, 4, 64, 1,
+                                               actual_seq_qlen=[3], actual_seq_kvlen=[64]),
+     [((3, 4, 192), f16), ((64, 1, 192), f16), ((64, 1, 128), f16)]),
+    ("npu_nsa_compress_infer.cache",
+     lambda: ops.npu_nsa_compress_infer.cache(_r(4, 128, 2, 16, dtype=f16), _r(32, 2, dtype=f16),
+                                              _r(2, dtype=i32), 32, 16, 128, block_table=_r(2, 2, dtype=i32),
+                                              actual_seq_len=[40, 70], cache=_r(8, 2, 16, dtype=f16)),
+     [((8, 2, 16), f16)]),
+    ("npu_nsa_compress_attention_infer",
+     lambda: ops.npu_nsa_compress_attention_infer(_r(20, 8, 192, dtype=bf16), _r(160, 128, 384, dtype=bf16),
+                                                  _r(160, 128, 256, dtype=bf16), 1.0, 8, 2, 64, 16, 128, 32, 16,
+                                                  block_table=_r(20, 8, dtype=i32),
+                                                  actual_cmp_seq_kvlen=[1024] * 20),
+     [((20, 8, 128), bf16), ((20, 2, 16), i32)]),
+    ("npu_nsa_select_attention_infer",
+     lambda: ops.npu_nsa_select_attention_infer(_r(17, 1, 126, 192, dtype=f16), _r(187, 128, 9, 192, dtype=f16),
+                                                _r(187, 128, 9, 128, dtype=f16), _r(17, 9, 21, dtype=i32), 2.0,
+                                                126, 9, 64, 21, 128, block_table=_r(17, 11, dtype=i32),
+                                                actual_seq_kvlen=[1328] * 17),
+     [((17, 1, 126, 128), f16)]),
+    ("npu_quant_fusion_attention",
+     lambda: ops.npu_quant_fusion_attention(_r(2, 4, 6, 64, dtype=torch.float8_e4m3fn),
+                                            _r(2, 4, 9, 64, dtype=torch.float8_e4m3fn),
+                                            _r(2, 4, 9, 64, dtype=torch.float8_e4m3fn), 4, "BNSD",
+                                            d_scale_q=_r(2, 4, 1, 1), d_scale_k=_r(2, 4, 1, 1),
+                                            d_scale_v=_r(2, 4, 1, 1)),
+     [((2, 4, 6, 64), f16), ((2, 4, 6, 8), f32), ((2, 4, 6, 8), f32), ((0,), f16)]),
+    ("npu_mhc_pre_backward",
+     lambda: ops.npu_mhc_pre_backward(_r(2, 3, 4, 32, dtype=bf16), _r(24, 128), _r(3), _r(2, 3, 32, dtype=bf16),
+                                      _r(2, 3, 4), _r(2, 3, 4, 4), _r(2, 3), _r(2, 3, 24), _r(2, 3, 4),
+                                      _r(2, 3, 4), _r(4, 32)),
+     [((2, 3, 4, 32), bf16), ((24, 128), f32), ((3,), f32), ((24,), f32), ((4, 32), f32)]),
+    ("npu_mhc_sinkhorn_backward",
+     lambda: ops.npu_mhc_sinkhorn_backward(_r(2, 3, 4, 4), _r(40, 4, 4, 2, 3), _r(40, 4, 2, 3)),
+     [((2, 3, 4, 4), f32)]),
+    ("npu_multi_head_attention_backward",
+     lambda: ops.npu_multi_head_attention_backward(
+         _r(32, 256, dtype=f16), _r(32, 256, dtype=f16), _r(32, 256, dtype=f16), _r(256, 256, dtype=f16),
+         _r(256, 256, dtype=f16), _r(256, 256, dtype=f16), _r(256, 256, dtype=f16), _r(1, 256, dtype=f16), None,
+         None, None, _r(32, 256, dtype=f16), _r(32, 256, dtype=f16), _r(32, 256, dtype=f16),
+         _r(2, 16, 16, 16, dtype=f16), _r(2, 16, 16, 16, dtype=f16), _r(32, 256, dtype=f16),
+         _r(32, 256, dtype=f16), _r(0, dtype=torch.uint8), 16, 16, 16, 16, 0.0, True),
+     [((256, 256), f16)] * 4 + [((32, 256), f16)] * 3 + [((1, 256), f16)] * 4),
+]
+
+
+@pytest.mark.parametrize("name,call,expected", META_CASES, ids=[c[0] for c in META_CASES])
+def test_meta_only_ops_shapes_and_not_emulated(name, call, expected):
+    with FakeTensorMode():
+        res = call()
+    res = res if isinstance(res, (tuple, list)) else (res,)
+    tensors = [t for t in res if isinstance(t, torch.Tensor)]
+    assert [(tuple(t.shape), t.dtype) for t in tensors] == expected
+    with pytest.raises(NotImplementedError) as info:
+        call()
+    assert str(info.value) == not_emulated_message(name)
+
+
+def test_meta_validation_errors():
+    with FakeTensorMode():
+        with pytest.raises(RuntimeError, match="beta cannot be empty"):
+            ops.npu_chunk_gated_delta_rule(_r(4, 2, 16), _r(4, 2, 16), _r(4, 2, 16), initial_state=_r(1, 2, 16, 16),
+                                           actual_seq_lengths=_r(1, dtype=i32), scale=1.0)
+        with pytest.raises(RuntimeError, match="align to 16"):
+            ops.npu_multi_head_attention_backward(*([_r(8, 8)] * 7), None, None, None, None, *([_r(8, 8)] * 7),
+                                                  _r(0), 2, 4, 8, 8, 0.0, True)
+    # dtype codes are not modelled: NotImplementedError on meta tensors (FakeTensorMode reports it as an
+    # unsupported operator)
+    meta_q = torch.empty(2, 3, 32, device="meta")
+    with pytest.raises(NotImplementedError, match="query_dtype"):
+        ops.npu_fused_infer_attention_score_v2(meta_q, meta_q, meta_q, query_dtype=1)

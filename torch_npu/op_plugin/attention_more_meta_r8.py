@@ -1,0 +1,270 @@
+"""Meta kernels (output shapes and dtypes only) for round-8 attention ops whose computation is
+not emulated: FakeTensor / torch.compile can trace through them, while a real CPU / npu call
+still raises NotImplementedError naming the op.
+
+Shapes and dtypes come from each op's documentation and the real op-plugin sources (meta
+registrations, op_api allocation code); the per-op docstrings say which.
+"""
+import torch
+
+from torch_npu.op_plugin._common import check
+from torch_npu.op_plugin._registry import meta
+from torch_npu.op_plugin.attention_more_graph_r8 import _no_dtype_codes, fia_output_shapes, fia_v2_output_dtype
+
+__all__ = []
+
+_MAX = 2147483647
+_MAX64 = 9223372036854775807
+
+
+# ---------------------------------------------------------------- npu_fused_infer_attention_score_v2
+
+@meta("npu_fused_infer_attention_score_v2")
+def npu_fused_infer_attention_score_v2_meta(query, key, value, *, query_rope=None, key_rope=None, pse_shift=None,
+                                            atten_mask=None, actual_seq_qlen=None, actual_seq_kvlen=None,
+                                            block_table=None, dequant_scale_query=None, dequant_scale_key=None,
+                                            dequant_offset_key=None, dequant_scale_value=None,
+                                            dequant_offset_value=None, dequant_scale_key_rope=None,
+                                            quant_scale_out=None, quant_offset_out=None, quant_scale_p=None,
+                                            learnable_sink=None, num_query_heads=1, num_key_value_heads=0,
+                                            softmax_scale=1.0, pre_tokens=_MAX, next_tokens=_MAX, input_layout="BSH",
+                                            sparse_mode=0, block_size=0, query_quant_mode=0, key_quant_mode=0,
+                                            value_quant_mode=0, inner_precise=0, return_softmax_lse=False,
+                                            query_dtype=None, key_dtype=None, value_dtype=None, query_rope_dtype=None,
+                                            key_rope_dtype=None, key_shared_prefix_dtype=None,
+                                            value_shared_prefix_dtype=None, dequant_scale_query_dtype=None,
+                                            dequant_scale_key_dtype=None, dequant_scale_value_dtype=None,
+                                            dequant_scale_key_rope_dtype=None, out_dtype=None):
+    """attention_out in the output layout of ``input_layout`` (e.g. BNSD_BSND -> BSND) with
+    value's head dim; int8 with quant_scale_out, query_rope's dtype (else float16) for int8 /
+    float8 queries, else query's dtype. softmax_lse float32 [B, N, S1, 1] ([T, N, 1] for TND)
+    with return_softmax_lse, else [0]. torch_npu dtype codes (query_dtype, out_dtype, ...) raise
+    NotImplementedError."""
+    op = "npu_fused_infer_attention_score_v2"
+    _no_dtype_codes(op, query_dtype=query_dtype, value_dtype=value_dtype, out_dtype=out_dtype)
+    out_shape, lse_shape = fia_output_shapes(op, query, value, input_layout, block_table, num_query_heads,
+                                             num_key_value_heads)
+    lse = query.new_empty(lse_shape if return_softmax_lse else (0,), dtype=torch.float32)
+    return query.new_empty(out_shape, dtype=fia_v2_output_dtype(query, quant_scale_out, query_rope)), lse
+
+
+@meta("npu_fused_infer_attention_score_v2.out")
+def npu_fused_infer_attention_score_v2_out_meta(query, key, value, *, query_rope=None, key_rope=None,
+                                                pse_shift=None, atten_mask=None, actual_seq_qlen=None,
+                                                actual_seq_kvlen=None, block_table=None, dequant_scale_query=None,
+                                                dequant_scale_key=None, dequant_offset_key=None,
+                                                dequant_scale_value=None, dequant_offset_value=None,
+                                                dequant_scale_key_rope=None, quant_scale_out=None,
+                                                quant_offset_out=None, quant_scale_p=None, learnable_sink=None,
+                                                num_query_heads=1, num_key_value_heads=0, softmax_scale=1.0,
+                                                pre_tokens=_MAX, next_tokens=_MAX, input_layout="BSH", sparse_mode=0,
+                                                block_size=0, query_quant_mode=0, key_quant_mode=0,
+                                                value_quant_mode=0, inner_precise=0, return_softmax_lse=False,
+                                                query_dtype=None, key_dtype=None, value_dtype=None,
+                                                query_rope_dtype=None, key_rope_dtype=None,
+                                                key_shared_prefix_dtype=None, value_shared_prefix_dtype=None,
+                                                dequant_scale_query_dtype=None, dequant_scale_key_dtype=None,
+                                                dequant_scale_value_dtype=None, dequant_scale_key_rope_dtype=None,
+                                                out_dtype=None, workspace=None, attention_out, softmax_lse):
+    """Writes into (and returns) ``attention_out`` / ``softmax_lse``; their shapes are the caller's."""
+    return attention_out, softmax_lse
+
+
+# ---------------------------------------------------------------- chunk gated delta rule
+
+@meta("npu_chunk_gated_delta_rule")
+def npu_chunk_gated_delta_rule_meta(query, key, value, *, beta=None, initial_state=None, actual_seq_lengths=None,
+                                    scale=None, g=None):
+    """(out [T, Nv, Dv] bfloat16, final_state like initial_state), as op-plugin allocates them;
+    beta, initial_state, actual_seq_lengths and scale are required."""
+    op = "npu_chunk_gated_delta_rule"
+    check(value.dim() == 3, op, "value dim should be 3, got %d" % value.dim())
+    check(beta is not None, op, "beta cannot be empty")
+    check(initial_state is not None, op, "initial_state cannot be empty")
+    check(actual_seq_lengths is not None, op, "actual_seq_lengths cannot be empty")
+    check(scale is not None, op, "scale cannot be empty")
+    return value.new_empty(tuple(value.shape), dtype=torch.bfloat16), torch.empty_like(initial_state)
+
+
+# ---------------------------------------------------------------- lightning indexer / sparse flash attention grads
+
+@meta("npu_lightning_indexer_grad")
+def npu_lightning_indexer_grad_meta(query, key, dy, sparse_indices, weights, actual_seq_lengths_query=None,
+                                    actual_seq_lengths_key=None, layout="BSND", sparse_mode=3, pre_tokens=_MAX64,
+                                    next_tokens=_MAX64):
+    """(d_query like query, d_key like key, d_weights like weights)."""
+    return torch.empty_like(query), torch.empty_like(key), torch.empty_like(weights)
+
+
+@meta("npu_sparse_flash_attention_grad")
+def npu_sparse_flash_attention_grad_meta(query, key, value, sparse_indices, d_out, out, softmax_max, softmax_sum,
+                                         scale_value, sparse_block_size, query_rope=None, key_rope=None,
+                                         actual_seq_qlen=None, actual_seq_kvlen=None, layout="BSND", sparse_mode=3,
+                                         pre_tokens=_MAX64, next_tokens=_MAX64, attention_mode=0):
+    """(d_query like query, d_key like key, d_value like value, d_query_rope like query_rope
+    (else [0] in query's dtype), d_key_rope like key_rope (else [0] in key's dtype)); query, key,
+    value and the ropes must be 3-D (TND) or 4-D (BSND)."""
+    op = "npu_sparse_flash_attention_grad"
+    for name, t in (("query", query), ("key", key), ("value", value), ("query_rope", query_rope),
+                    ("key_rope", key_rope)):
+        if t is not None:
+            check(t.dim() in (3, 4), op, "The shapes of the input %s should be 3 or 4 dimensional, but got %d-"
+                  "dimensional" % (name, t.dim()))
+    check(value is not None, op, "value is required")
+    d_query_rope = query.new_empty([0]) if query_rope is None else torch.empty_like(query_rope)
+    d_key_rope = key.new_empty([0]) if key_rope is None else torch.empty_like(key_rope)
+    return torch.empty_like(query), torch.empty_like(key), torch.empty_like(value), d_query_rope, d_key_rope
+
+
+# ---------------------------------------------------------------- native sparse attention
+
+@meta("npu_nsa_compress_attention")
+def npu_nsa_compress_attention_meta(query, key, value, scale_value, head_num, compress_block_size, compress_stride,
+                                    select_block_size, select_block_count, *, topk_mask=None, atten_mask=None,
+                                    actual_seq_qlen=None, actual_cmp_seq_kvlen=None, actual_sel_seq_kvlen=None):
+    """(attention_out [T, N1, D2] in query's dtype, topk_indices [T, N2, select_block_count] int32,
+    softmax_max / softmax_sum [T, N1, 8] float32); TND only."""
+    op = "npu_nsa_compress_attention"
+    check(query.dim() == 3 and key.dim() == 3 and value.dim() == 3, op, "query, key and value must be TND (3-D)")
+    check(query.shape[2] == key.shape[2] and key.shape[2] >= value.shape[2], op,
+          "query D must equal key D, and key D must be >= value D")
+    check(query.dtype == key.dtype == value.dtype, op, "query, key and value dtypes must match")
+    for name, size in (("compress_block_size", compress_block_size), ("compress_stride", compress_stride),
+                       ("select_block_size", select_block_size)):
+        check(size > 0 and size % 16 == 0, op, "%s must be a positive multiple of 16, got %d" % (name, size))
+    check(compress_block_size >= compress_stride, op, "compress_block_size must be >= compress_stride")
+    t, n1 = query.shape[0], query.shape[1]
+    stat = query.new_empty((t, n1, 8), dtype=torch.float32)
+    return (query.new_empty((t, n1, value.shape[2])),
+            query.new_empty((t, key.shape[1], select_block_count), dtype=torch.int32),
+            stat, torch.empty_like(stat))
+
+
+@meta("npu_nsa_select_attention_grad")
+def npu_nsa_select_attention_grad_meta(grad, query, key, value, attention_out, softmax_max, softmax_sum,
+                                       topk_indices, scale_value, head_num, select_block_size, select_block_count, *,
+                                       atten_mask=None, actual_seq_qlen=None, actual_seq_kvlen=None):
+    """(d_query like query, d_key like key, d_value like value)."""
+    return torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)
+
+
+@meta("npu_nsa_compress_infer.cache")
+def npu_nsa_compress_infer_cache_meta(input, weight, slot_mapping, compress_block_size, compress_stride,
+                                      page_block_size, *, block_table=None, actual_seq_len=None, cache):
+    """Writes the compressed tokens into ``cache`` in place and returns it."""
+    return cache
+
+
+# ---------------------------------------------------------------- quant fusion attention
+
+@meta("npu_quant_fusion_attention")
+def npu_quant_fusion_attention_meta(query, key, value, head_num, input_layout, *, d_scale_q, d_scale_k, d_scale_v,
+                                    p_scale=None, scale=1., query_dtype=None):
+    """(attention_score shaped like query, float16; softmax_max / softmax_sum float32 [B, N, S1, 8];
+    softmax_out [0] float16; seed, offset, numels = 0) as the op-plugin meta registration (this schema
+    has no out_dtype, so the output is float16)."""
+    op = "npu_quant_fusion_attention"
+    dims = {"BSH": (0, 1, 3), "SBH": (1, 0, 3), "BSND": (0, 1, 4), "BNSD": (0, 2, 4)}
+    check(input_layout in dims, op, "input_layout must be BSH, SBH, BSND or BNSD, got %r" % (input_layout,))
+    b, s, rank = dims[input_layout]
+    check(query.dim() == rank, op, "query must be %d-D for %s, got %d-D" % (rank, input_layout, query.dim()))
+    stat = query.new_empty((query.shape[b], head_num, query.shape[s], 8), dtype=torch.float32)
+    return (query.new_empty(tuple(query.shape), dtype=torch.float16), stat, torch.empty_like(stat),
+            query.new_empty([0], dtype=torch.float16), 0, 0, 0)
+
+
+# ---------------------------------------------------------------- mHC
+
+@meta("npu_mhc_pre_backward")
+def npu_mhc_pre_backward_meta(x, phi, alpha, grad_h_in, grad_h_post, grad_h_res, inv_rms, h_mix, h_pre, h_post,
+                              gamma=None, hc_eps=1e-6, grad_x_post=None, inner_precise=0):
+    """(grad_x [B, S, n, D] / [T, n, D] in x's dtype, grad_phi [n^2+2n, nD], grad_alpha [3],
+    grad_bias [n^2+2n], grad_gamma [n, D], all float32), n and D read from grad_h_post / grad_h_in
+    as op-plugin allocates them."""
+    op = "npu_mhc_pre_backward"
+    check(x.dim() in (3, 4), op, "Input x must be 3D or 4D, but got %dD." % x.dim())
+    check(grad_h_in.dim() in (2, 3), op, "Input grad_h_in must be 2D or 3D, but got %dD." % grad_h_in.dim())
+    check(grad_h_post.dim() in (2, 3), op, "Input grad_h_post must be 2D or 3D, but got %dD." % grad_h_post.dim())
+    d, n = grad_h_in.shape[-1], grad_h_post.shape[-1]
+    lead = tuple(grad_h_in.shape[:-1])
+    f32 = dict(dtype=torch.float32)
+    return (x.new_empty(lead + (n, d)), x.new_empty((n * n + 2 * n, n * d), **f32), x.new_empty((3,), **f32),
+            x.new_empty((n * n + 2 * n,), **f32), x.new_empty((n, d), **f32))
+
+
+# ---------------------------------------------------------------- multi-head attention backward
+
+@meta("npu_multi_head_attention_backward")
+def npu_multi_head_attention_backward_meta(query, key, value, query_weight, key_weight, value_weight,
+                                           out_proj_weight, query_bias, key_bias, value_bias, out_proj_bias,
+                                           query_res, key_res, value_res, attn_scores, attn_res, context, y_grad,
+                                           dropout_mask, attn_head_num, attn_dim_per_head, src_len, tgt_len,
+                                           dropout_prob, softmax_use_float):
+    """With H = attn_head_num * attn_dim_per_head and batch = query.size(0) / tgt_len:
+    (query/key/value/out_proj weight grads [H, H], query grad [query.size(0), H], key / value grads
+    [batch * src_len, H], the four bias grads [1, H]) in the matching input's dtype (query's for an
+    absent bias), as op-plugin allocates them. The lengths, heads and head dim must be multiples of 16."""
+    op = "npu_multi_head_attention_backward"
+    check(tgt_len > 0 and src_len > 0 and attn_head_num > 0 and attn_dim_per_head > 0, op,
+          "tgt_len, src_len, attn_head_num, attn_dim_per_head should not equal zero.")
+    check(tgt_len % 16 == 0 and src_len % 16 == 0 and attn_head_num % 16 == 0 and attn_dim_per_head % 16 == 0, op,
+          "tgt_len, src_len, attn_head_num, attn_dim_per_head should align to 16.")
+    h = attn_head_num * attn_dim_per_head
+    batch = query.shape[0] // tgt_len
+
+    def bias_grad(bias):
+        return query.new_empty((1, h), dtype=query.dtype if bias is None else bias.dtype)
+
+    return (query_weight.new_empty((h, h)), key_weight.new_empty((h, h)), value_weight.new_empty((h, h)),
+            out_proj_weight.new_empty((h, h)), query.new_empty((query.shape[0], h)),
+            key.new_empty((batch * src_len, h)), value.new_empty((batch * src_len, h)),
+            bias_grad(query_bias), bias_grad(key_bias), bias_grad(value_bias), bias_grad(out_proj_bias))
+
+
+@meta("npu_mhc_sinkhorn_backward")
+def npu_mhc_sinkhorn_backward_meta(grad_y, norm, sum):
+    """grad_x shaped like grad_y (float32, as npu_mhc_sinkhorn's x)."""
+    return torch.empty_like(grad_y)
+
+
+def _paged_value_dim(op, value, kv_heads):
+    """Head dim of a paged value cache (block_num, block_size, H) or (block_num, block_size, N, D)."""
+    check(value.dim() in (3, 4), op, "value must be (block_num, block_size, H) or (block_num, block_size, N, D)")
+    if value.dim() == 4:
+        return value.shape[3]
+    check(kv_heads > 0 and value.shape[2] % kv_heads == 0, op, "value H (%d) must be a multiple of "
+          "key_value_head_num (%d)" % (value.shape[2], kv_heads))
+    return value.shape[2] // kv_heads
+
+
+@meta("npu_nsa_compress_attention_infer")
+def npu_nsa_compress_attention_infer_meta(query, key, value, scale_value, head_num, key_value_head_num,
+                                          select_block_size, select_block_count, page_block_size, compress_block_size,
+                                          compress_stride, *, layout="TND", atten_mask=None, block_table=None,
+                                          topk_mask=None, actual_seq_qlen=None, actual_cmp_seq_kvlen=None,
+                                          actual_sel_seq_kvlen=None):
+    """(attention_out [T, N, Dv] in query's dtype, topk_indices [T, N_kv, select_block_count] int32)
+    for a TND query (S = 1 per batch) over paged (block_num, block_size, H) caches."""
+    op = "npu_nsa_compress_attention_infer"
+    check(query.dim() == 3, op, "query must be TND (3-D), got %d-D" % query.dim())
+    check(query.shape[1] == head_num, op, "query N (%d) must equal head_num (%d)" % (query.shape[1], head_num))
+    check(key_value_head_num > 0 and head_num % key_value_head_num == 0, op,
+          "head_num must be a multiple of key_value_head_num")
+    dv = _paged_value_dim(op, value, key_value_head_num)
+    return (query.new_empty((query.shape[0], head_num, dv)),
+            query.new_empty((query.shape[0], key_value_head_num, select_block_count), dtype=torch.int32))
+
+
+@meta("npu_nsa_select_attention_infer")
+def npu_nsa_select_attention_infer_meta(query, key, value, topk_indices, scale_value, head_num, key_value_head_num,
+                                        select_block_size, select_block_count, page_block_size, *, layout="BSND",
+                                        atten_mask=None, block_table=None, actual_seq_qlen=None,
+                                        actual_seq_kvlen=None):
+    """attention_out like query with value's head dim: BSND [B, S, N, Dv], BSH [B, S, N * Dv]."""
+    op = "npu_nsa_select_attention_infer"
+    check(layout in ("BSND", "BSH"), op, "layout must be BSND or BSH, got %r" % (layout,))
+    check(query.dim() == (4 if layout == "BSND" else 3), op, "query must be %s" % layout)
+    dv = _paged_value_dim(op, value, key_value_head_num)
+    if layout == "BSND":
+        return query.new_empty(tuple(query.shape[:3]) + (dv,))
+    return query.new_empty((query.shape[0], query.shape[1], head_num * dv))
