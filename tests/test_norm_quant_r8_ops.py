@@ -431,6 +431,56 @@ def test_gelu_quant(device, approximate):
         torch_npu.npu_gelu_quant(d(x), quant_mode="pertoken")
 
 
+# ------------------------------------------------------------------ npu_anti_mx_quant / npu_quant_max
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("src,code", [(torch.float8_e4m3fn, 292), (torch.float8_e5m2, 291)])
+def test_anti_mx_quant(device, src, code):
+    x = (_rand(3, 100, seed=130) * 4).float().to(src)                # 100 = 3 full blocks + 4
+    raw = torch.randint(110, 140, (3, 2, 2), generator=torch.Generator().manual_seed(131), dtype=torch.uint8)
+    ref = torch.empty(3, 100, dtype=torch.float64)
+    for r in range(3):
+        for i in range(100):
+            k = i // 32                                               # block k -> scale [k // 2, k % 2]
+            ref[r, i] = float(x[r, i].float()) * 2.0 ** (int(raw[r, k // 2, k % 2]) - 127)
+    y = torch_npu.npu_anti_mx_quant(x.to(device), raw.to(device), src_type=code)
+    assert y.dtype == torch.bfloat16 and y.shape == (3, 100)
+    _close(y, ref, 0, 8e-3)                                           # bf16 rounding of the exact product
+    y32 = torch_npu.npu_anti_mx_quant(x.to(device), raw.view(torch.float8_e8m0fnu).to(device), dst_type=torch.float32,
+                                      src_type=code)
+    _close(y32, ref, 0, 0)                                            # float8 x power of two: exact in float32
+    nan_scale = raw.clone()
+    nan_scale[0, 0, 0] = 255                                          # e8m0 NaN
+    assert torch.isnan(torch_npu.npu_anti_mx_quant(x, nan_scale, src_type=code)[0, :32].float()).all()
+    with pytest.raises(NotImplementedError, match="src_type"):
+        torch_npu.npu_anti_mx_quant(torch.zeros(3, 50, dtype=torch.uint8), raw, src_type=296)
+    with pytest.raises(RuntimeError, match="mxscale must have shape"):
+        torch_npu.npu_anti_mx_quant(x, raw[:, :1], src_type=code)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_quant_max(device):
+    x = (_rand(6, 40, seed=140) * 3).half()
+    y, amax = torch.ops.npu.npu_quant_max(x.to(device), torch.tensor([0.5]).to(device))
+    assert y.dtype == torch.float8_e5m2 and amax.dtype == torch.float16 and amax.shape == (1,)
+    # reference: float64 quotient rounded by PyTorch's float8 cast (the golden's cast)
+    assert torch.equal(y.cpu().float(), (x.double() / 0.5).to(torch.float8_e5m2).float())
+    assert float(amax) == float(x.abs().max())
+    # grouped rows (cumulative ends), group 1 empty
+    scales = torch.tensor([0.25, 8.0, 2.0])
+    group_list = torch.tensor([2, 2, 6])
+    y, amax = torch.ops.npu.npu_quant_max(x.to(device), scales.to(device), dst_dtype=torch.float8_e4m3fn,
+                                          group_list=group_list.to(device))
+    ref = torch.cat([x[:2].double() / 0.25, x[2:6].double() / 2.0]).to(torch.float8_e4m3fn)
+    assert y.dtype == torch.float8_e4m3fn and torch.equal(y.cpu().float(), ref.float())
+    assert amax.tolist() == [float(x[:2].abs().max()), 0.0, float(x[2:].abs().max())]
+    with pytest.raises(NotImplementedError, match="hifloat8"):
+        torch.ops.npu.npu_quant_max(x, torch.ones(1), dst_dtype=290)
+    with pytest.raises(NotImplementedError, match="round_mode"):
+        torch.ops.npu.npu_quant_max(x, torch.ones(1), round_mode="floor")
+
+
 # ------------------------------------------------------------------ Meta-only ops
 
 FP4 = 296          # torch_npu.float4_e2m1fn_x2
@@ -487,9 +537,6 @@ META_CASES = [
                                                         _fake(8, dtype=F32)),
      [((3, 8), I8), ((8,), F32)]),
     ("npu_anti_mx_quant",
-     lambda: torch.ops.npu.npu_anti_mx_quant(_fake(4, 32, dtype=U8), _fake(4, 1, 2, dtype=U8), src_type=FP4),
-     [((4, 64), BF16)]),
-    ("npu_anti_mx_quant",
      lambda: torch.ops.npu.npu_anti_mx_quant(_fake(4, 64, dtype=E4M3), _fake(4, 1, 2, dtype=U8), dst_type=5),
      [((4, 64), F16)]),
     ("npu_dynamic_mx_quant",
@@ -517,6 +564,10 @@ META_CASES = [
     ("npu_quant_max",
      lambda: torch.ops.npu.npu_quant_max(_fake(5, 7, dtype=BF16), _fake(1, dtype=F32)),
      [((5, 7), E5M2), ((1,), BF16)]),
+    ("npu_quant_max",
+     lambda: torch.ops.npu.npu_quant_max(_fake(4, 3, 8), _fake(2, dtype=F32), dst_dtype=292,
+                                         group_list=_fake(2, dtype=torch.int64)),
+     [((4, 3, 8), E4M3), ((2,), F16)]),
     ("npu_gelu_quant",
      lambda: torch.ops.npu.npu_gelu_quant(_fake(2, 3, 9)),
      [((2, 3, 9), I8), ((2, 3), F32)]),
@@ -599,7 +650,8 @@ def test_meta_shapes(name, call, expected):
 REAL_CALLS = {
     "npu_dequant_bias": lambda: torch.ops.npu.npu_dequant_bias(
         torch.ones(2, 8, dtype=torch.int32), torch.ones(8), None, None),
-    "npu_quant_max": lambda: torch.ops.npu.npu_quant_max(torch.randn(2, 4), torch.ones(1)),
+    "npu_kronecker_quant": lambda: torch.ops.npu.npu_kronecker_quant(torch.randn(2, 4, 8), torch.eye(4),
+                                                                      torch.eye(8)),
     "npu_swiglu_mx_quant": lambda: torch.ops.npu.npu_swiglu_mx_quant(torch.randn(2, 64)),
     "npu_ifmr": lambda: torch.ops.npu.npu_ifmr(torch.randn(4), torch.zeros(1), torch.ones(1),
                                                torch.zeros(8, dtype=torch.int32), 0.9, 0.9, 0.7, 1.3, 0.01, True),
@@ -625,7 +677,7 @@ def test_every_meta_kernel_has_the_schema_signature():
     import inspect
     from torch_npu.op_plugin import _registry, norm_quant_meta_r8
     fns = {n: f for n, f in _registry.META.items() if f.__module__ == norm_quant_meta_r8.__name__}
-    assert len(fns) == 23
+    assert len(fns) == 21
     for name, fn in fns.items():
         schema = getattr(torch.ops.npu, _registry.base_name(name)).default._schema
         params = list(inspect.signature(fn).parameters.values())
@@ -654,5 +706,3 @@ def test_meta_errors():
         torch.ops.npu.npu_dynamic_mx_quant(meta(4, 64), dst_type=12345)
     with pytest.raises(NotImplementedError, match="data flow"):
         torch.ops.npu.npu_weight_quant_preprocess(meta(64, 32, dtype=U8), meta(2, 32, 2, dtype=U8), 1, 1, 1)
-    with pytest.raises(NotImplementedError, match="group_list"):
-        torch.ops.npu.npu_quant_max(meta(4, 8), meta(1), group_list=meta(2, dtype=torch.int64))

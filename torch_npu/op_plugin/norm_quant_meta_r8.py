@@ -1,6 +1,6 @@
 """Meta kernels (output shapes and dtypes only) for the quantising norm ops and the
-quantisation ops whose computation is not emulated yet (the emulated int8 ops are in
-norm_quant_rms_quant_r8.py and norm_quant_int8_r8.py).
+quantisation ops whose computation is not emulated yet (the emulated ones are in
+norm_quant_rms_quant_r8.py, norm_quant_int8_r8.py and norm_quant_fp8_r8.py).
 
 Each function has the op's schema signature and returns empty outputs with the shapes and
 dtypes op-plugin's adapter (``op_plugin/ops/opapi/*``) and meta registrations allocate, so
@@ -166,25 +166,6 @@ def _npu_rms_norm_backward_quant_meta(dy, x, rstd, gamma, scale_x, *, offset_x=N
 # ------------------------------------------------------------------ quantisation
 
 
-@meta("npu_anti_mx_quant")
-def npu_anti_mx_quant_meta(x, mxscale, *, axis=-1, dst_type=15, src_type=292):
-    """MX dequantisation: ``y`` has x's shape (last dim doubled for a float4 ``src_type``)
-    in ``dst_type`` (default bfloat16)."""
-    op = "npu_anti_mx_quant"
-    axis = -1 if axis is None else axis
-    dst_type = 15 if dst_type is None else dst_type
-    src_type = 292 if src_type is None else src_type
-    _check_dims(op, "x", x, 1, 7)
-    _check_dims(op, "mxscale", mxscale, 2, 8)
-    _fail(-x.dim() <= axis < x.dim(), op, "Param (axis) is out of x dimension range")
-    shape = list(x.shape)
-    if _code(src_type) in _FP4_CODES:
-        _fail(x.dtype == torch.uint8, op, "When src_type is float4, x dtype must be uint8")
-        shape[-1] *= 2
-    dt, _ = _storage(op, "dst_type", dst_type)
-    return _new(x, shape, dt)
-
-
 @meta("npu_dynamic_mx_quant")
 def npu_dynamic_mx_quant_meta(input, *, axis=-1, round_mode="rint", dst_type=296, block_size=32, scale_alg=0,
                               dst_type_max=0.0, max_low_bound=0.0):
@@ -271,16 +252,6 @@ def npu_grouped_dynamic_block_quant_meta(x, group_list, *, min_scale=0.0, round_
     scale[-2] = scale[-2] // row_block_size + group_list.shape[0]
     scale[-1] = -(-scale[-1] // col_block_size)
     return _new(x, x.shape, dt), _new(x, scale, torch.float32)
-
-
-@meta("npu_quant_max")
-def npu_quant_max_meta(x, scale, *, round_mode="rint", dst_dtype=291, group_list=None):
-    """``(y, amax)``: y has x's shape in ``dst_dtype``; amax is ``[1]`` in x's dtype."""
-    op = "npu_quant_max"
-    if group_list is not None:
-        _unsupported(op, "group_list (its amax layout is not documented)")
-    dt, _ = _storage(op, "dst_dtype", dst_dtype)
-    return _new(x, x.shape, dt), _new(x, [1], x.dtype)
 
 
 @meta("npu_kronecker_quant")
