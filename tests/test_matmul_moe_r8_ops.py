@@ -294,6 +294,69 @@ def test_routing_map_ops_autograd_fake_and_errors():
                                                           torch.arange(8, dtype=I32), None, None, None, False, [4, 2])
 
 
+# ----------------------------------------------------------------- grouped top-k gating
+
+def _gating_reference(x, k, bias, k_group, group_count, mode, norm_type, scale, eps):
+    """per-row float64 loops of the doc's equivalent computation"""
+    ys, idxs, norms = [], [], []
+    for row in x.double():
+        if norm_type == 0:
+            ex = [float(torch.exp(v)) for v in row]
+            norm = [v / sum(ex) for v in ex]
+        else:
+            norm = [1 / (1 + float(torch.exp(-v))) for v in row]
+        score = [v + (0.0 if bias is None else float(bias[j])) for j, v in enumerate(norm)]
+        per = len(score) // group_count
+        if group_count > 1:
+            groups = [score[g * per:(g + 1) * per] for g in range(group_count)]
+            gscore = [max(gv) if mode == 0 else sum(sorted(gv)[-2:]) for gv in groups]
+            kept = sorted(range(group_count), key=lambda g: (-gscore[g], g))[:k_group]
+            score = [v if j // per in kept else float("-inf") for j, v in enumerate(score)]
+        idx = sorted(range(len(score)), key=lambda j: (-score[j], j))[:k]
+        y = [norm[j] for j in idx]
+        if norm_type == 1:
+            y = [v / (sum(y) + eps) for v in y]
+        ys.append([v * scale for v in y])
+        idxs.append(idx)
+        norms.append(norm)
+    return torch.tensor(ys, dtype=torch.float64), idxs, torch.tensor(norms, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.float16, 1e-3), (torch.bfloat16, 8e-3)])
+@pytest.mark.parametrize("norm_type,mode,group_count,k_group", [(1, 1, 4, 2), (0, 0, 4, 3), (1, 0, 1, 1)])
+def test_moe_gating_top_k(device, dtype, tol, norm_type, mode, group_count, k_group):
+    n, e, k = 6, 16, 3
+    x = (torch.rand(n, e) * 4 - 2).to(dtype)
+    bias = (torch.rand(e) * 0.5).to(dtype)
+    y, idx, norm = torch_npu.npu_moe_gating_top_k(x.to(device), k, bias=bias.to(device), k_group=k_group,
+                                                  group_count=group_count, group_select_mode=mode,
+                                                  norm_type=norm_type, out_flag=True, routed_scaling_factor=2.5)
+    ey, eidx, enorm = _gating_reference(x, k, bias, k_group, group_count, mode, norm_type, 2.5, 1e-20)
+    assert y.dtype == dtype and idx.dtype == torch.int32 and norm.dtype == torch.float32
+    assert y.device.type == device
+    assert idx.cpu().tolist() == eidx
+    torch.testing.assert_close(y.cpu().double(), ey, atol=tol * 3, rtol=tol)
+    torch.testing.assert_close(norm.cpu().double(), enorm, atol=1e-6, rtol=1e-6)
+
+
+def test_moe_gating_top_k_fake_grad_and_errors():
+    with FakeTensorMode():
+        y, idx, norm = torch_npu.npu_moe_gating_top_k(torch.empty(5, 16, dtype=BF16), 3, group_count=4, k_group=2)
+        assert (y.shape, y.dtype, idx.shape, idx.dtype, norm.shape, norm.dtype) == \
+            ((5, 3), BF16, (5, 3), I32, (5, 16), F32)
+    x = torch.randn(4, 12, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t: torch_npu.npu_moe_gating_top_k(t, 2, norm_type=1)[0], (x,))
+    with pytest.raises(NotImplementedError, match="renorm=1"):
+        torch_npu.npu_moe_gating_top_k(torch.randn(2, 12), 2, renorm=1)
+    with pytest.raises(NotImplementedError, match="tid2eid"):
+        torch_npu.npu_moe_gating_top_k(torch.randn(2, 12), 2, tid2eid=torch.zeros(4, dtype=I32))
+    with pytest.raises(RuntimeError, match="k must be in"):
+        torch_npu.npu_moe_gating_top_k(torch.randn(2, 12), 7, group_count=4, k_group=2)
+    with pytest.raises(RuntimeError, match="divisible by group_count"):
+        torch_npu.npu_moe_gating_top_k(torch.randn(2, 12), 2, group_count=5)
+
+
 # ----------------------------------------------------------------- grouped matmul add
 
 def _gmm_add_loop(y, x, w, ends):
@@ -628,7 +691,6 @@ META_CASES = [
     ("npu_all_to_all_quant_matmul", lambda: ((E(8, 4), E(8, 6, dtype=I8), "g", 2),
                                              {"all2all_out_flag": False, "y_dtype": torch.bfloat16}),
      [((4, 6), BF16), None]),
-    ("npu_moe_gating_top_k", lambda: ((E(5, 16), 3), {}), [((5, 3), torch.float16), ((5, 3), I32), ((5, 16), F32)]),
     ("npu_moe_init_routing_v2", lambda: ((E(6, 4), E(6, 2, dtype=I32)),
                                          {"active_expert_range": [0, 8], "expert_num": 8}),
      [((12, 4), torch.float16), ((12,), I32), ((8,), I64), ((12,), F32)]),

@@ -274,17 +274,6 @@ def npu_all_to_all_quant_matmul(x1, x2, hcom, world_size, *, all2all_out_flag=Tr
 
 # ----------------------------------------------------------------- MoE routing
 
-@meta("npu_moe_gating_top_k")
-def npu_moe_gating_top_k(x, k, *, bias=None, input_ids=None, tid2eid=None, k_group=1, group_count=1,
-                         group_select_mode=0, renorm=0, norm_type=0, out_flag=False, routed_scaling_factor=1.0,
-                         eps=1e-20):
-    op = "npu_moe_gating_top_k"
-    _check(x.dim() == 2, op, "the x shape support only 2d")
-    _check(bias is None or bias.dim() == 1, op, "the bias shape support only 1d")
-    n = x.shape[0]
-    return (_empty((n, k), x.dtype, x), _empty((n, k), torch.int32, x), _empty((n, x.shape[1]), torch.float32, x))
-
-
 @meta("npu_moe_init_routing_v2")
 def npu_moe_init_routing_v2(x, expert_idx, *, scale=None, offset=None, active_num=-1, expert_capacity=-1,
                             expert_num=-1, drop_pad_mode=0, expert_tokens_num_type=0, expert_tokens_num_flag=False,
