@@ -728,3 +728,15 @@ def test_kv_rmsnorm_rope_cache_fake_and_errors():
                                          c_kv_scale=z(RMS))
     with pytest.raises(RuntimeError, match="index points past block_num"):
         npu.npu_kv_rmsnorm_rope_cache_v2(kv, gamma, cos, sin, torch.tensor([0, 8]), *caches, cache_mode="PA")
+
+
+def test_value_dependent_ops_compile_as_one_node():
+    """The opaque ops (host reads of lengths / block ids / RoI boxes) trace through their fake
+    kernels and run eagerly inside the compiled graph."""
+    def gather(kc, vc, tables, lens, k, v):
+        key, value = npu.npu_gather_pa_kv_cache_functional(kc, vc, tables, lens, k, v)
+        return key * 2, value
+    kc, vc = torch.randn(4, 4, 2, 8), torch.randn(4, 4, 2, 4)
+    args = (kc, vc, torch.tensor([[1, 2], [3, 0]], dtype=i32), torch.tensor([5, 3], dtype=i32), z(8, 2, 8), z(8, 2, 4))
+    compiled = torch.compile(gather, backend="aot_eager", fullgraph=True)
+    assert all(torch.equal(a, b) for a, b in zip(compiled(*args), gather(*args)))
