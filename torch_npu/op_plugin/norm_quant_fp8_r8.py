@@ -13,7 +13,7 @@ to float8 plus the absolute maximum).
   ``group_list`` (cumulative row ends along dim 0) group ``g`` uses ``scale[g]`` and gets its
   own ``amax[g]`` (0 for an empty group); rows past the last end are 0 and not counted. The
   cast is PyTorch's round-to-nearest-even float8 conversion, as in the golden (values beyond
-  the float8 range follow it: NaN for e4m3fn, inf for e5m2). hifloat8 (290) and round modes
+  the float8 range follow it: e4m3fn saturates to +-448, e5m2 overflows to inf). hifloat8 (290) and round modes
   other than 'rint' raise NotImplementedError.
 """
 import torch
