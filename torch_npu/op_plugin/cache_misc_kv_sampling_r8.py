@@ -1,6 +1,8 @@
-"""npu_top_k_top_p (logits filtering), npu_gather_pa_kv_cache (+ _functional, paged KV-cache
-gather), npu_scatter_pa_cache.value (paged K-cache scatter) and npu_scatter_list(_) (one row per
-tensor of a list), emulated from their documented formulas (see each function's docstring).
+"""KV-cache and sampling ops emulated from their documented formulas: npu_top_k_top_p (logits
+filtering), npu_gather_pa_kv_cache (+ _functional, paged KV-cache gather), npu_scatter_pa_cache.value
+(paged K-cache scatter), npu_scatter_list(_) (one row per tensor of a list) and
+npu_kv_rmsnorm_rope_cache (+ _v2, _v2_functional, the MLA kv RMSNorm + RoPE + cache update); each
+function's docstring and docs/ops-cache-misc-r8.md give the formula and its source.
 
 * ``npu_top_k_top_p(logits, p, k)`` (aclnnApplyTopKTopP): per row b, sort ascending (stable);
   top-k keeps the values >= the k[b]-th largest (``k[b] <= 0`` or ``k[b] >= V`` skips top-k);
