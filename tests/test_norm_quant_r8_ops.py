@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import torch_npu
-from torch_npu.op_plugin._registry import not_emulated_message
+from torch_npu.op_plugin._registry import NOT_EMULATED, not_emulated_message
 
 DEVICES = ["cpu", "npu"]
 LOW = [(torch.float16, 2e-3, 2e-3), (torch.bfloat16, 2e-2, 2e-2)]
@@ -646,29 +646,23 @@ def test_meta_shapes(name, call, expected):
     assert _sig(got) == expected
 
 
-# one real call per meta-only op: the computation is still not emulated
-REAL_CALLS = {
-    "npu_dequant_bias": lambda: torch.ops.npu.npu_dequant_bias(
-        torch.ones(2, 8, dtype=torch.int32), torch.ones(8), None, None),
-    "npu_kronecker_quant": lambda: torch.ops.npu.npu_kronecker_quant(torch.randn(2, 4, 8), torch.eye(4),
-                                                                      torch.eye(8)),
-    "npu_swiglu_mx_quant": lambda: torch.ops.npu.npu_swiglu_mx_quant(torch.randn(2, 64)),
-    "npu_ifmr": lambda: torch.ops.npu.npu_ifmr(torch.randn(4), torch.zeros(1), torch.ones(1),
-                                               torch.zeros(8, dtype=torch.int32), 0.9, 0.9, 0.7, 1.3, 0.01, True),
-}
+# every meta-only case called on real tensors: the computation is still not emulated
+META_ONLY_CASES = [c for c in META_CASES if c[0] in NOT_EMULATED]
 
 
-@pytest.mark.parametrize("name", sorted(REAL_CALLS))
+@pytest.mark.parametrize("name,call", [c[:2] for c in META_ONLY_CASES], ids=[c[0] for c in META_ONLY_CASES])
 @pytest.mark.parametrize("device", DEVICES)
-def test_meta_only_ops_still_raise(name, device):
-    call = REAL_CALLS[name]
+def test_meta_only_ops_still_raise(name, call, device):
     with pytest.raises(NotImplementedError) as info:
-        if device == "npu":
-            with torch.device("npu"):
-                call()
-        else:
+        with torch.device(device):
             call()
     assert str(info.value) == not_emulated_message(name)
+
+
+def test_meta_only_cases_cover_every_meta_kernel():
+    from torch_npu.op_plugin import _registry, norm_quant_meta_r8
+    mine = {n for n, f in _registry.META.items() if f.__module__ == norm_quant_meta_r8.__name__}
+    assert mine == {c[0] for c in META_ONLY_CASES}
 
 
 def test_every_meta_kernel_has_the_schema_signature():
