@@ -103,12 +103,6 @@ def _check_dims(op, name, t, lo, hi):
     _fail(lo <= t.dim() <= hi, op, "%s must be %d-D to %d-D, got %d-D" % (name, lo, hi, t.dim()))
 
 
-def _check_gamma(op, x, gamma):
-    k = gamma.dim()
-    _fail(1 <= k <= x.dim() and tuple(x.shape[x.dim() - k:]) == tuple(gamma.shape), op,
-          "gamma shape %s must equal the last dims of x %s" % (tuple(gamma.shape), tuple(x.shape)))
-
-
 # ------------------------------------------------------------------ quantising norms
 
 
