@@ -115,6 +115,17 @@ def test_add_layer_norm_errors():
                                      torch.ones(4), torch.zeros(4))
 
 
+def test_norm_autograd_gradcheck():
+    """Autograd flows through the compositions (float64 gradcheck of y w.r.t. every input)."""
+    x1, x2 = _rand(2, 6, seed=150).requires_grad_(), _rand(2, 6, seed=151).requires_grad_()
+    gamma, beta = _rand(6, seed=152).requires_grad_(), _rand(6, seed=153).requires_grad_()
+    assert torch.autograd.gradcheck(lambda a, b, g, c: torch_npu.npu_add_layer_norm(a, b, g, c)[0],
+                                    (x1, x2, gamma, beta))
+    assert torch.autograd.gradcheck(lambda a, g: torch_npu.npu_gemma_rms_norm(a, g)[0], (x1, gamma))
+    assert torch.autograd.gradcheck(lambda a, b, g: torch.ops.npu.npu_add_rms_norm_v2_functional(a, b, g)[1],
+                                    (x1, x2, gamma))
+
+
 # ------------------------------------------------------------------ DeepNorm
 
 
