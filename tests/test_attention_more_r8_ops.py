@@ -567,13 +567,6 @@ META_CASES = [
                                             _r(5, 2, 128, dtype=bf16), 0.1, 4, 32, 16, 64, 16,
                                             actual_seq_qlen=[6], actual_cmp_seq_kvlen=[5], actual_sel_seq_kvlen=[2]),
      [((6, 4, 128), bf16), ((6, 2, 16), i32), ((6, 4, 8), f32), ((6, 4, 8), f32)]),
-    ("npu_nsa_select_attention_grad",
-     lambda: ops.npu_nsa_select_attention_grad(_r(3, 4, 128, dtype=f16), _r(3, 4, 192, dtype=f16),
-                                               _r(64, 1, 192, dtype=f16), _r(64, 1, 128, dtype=f16),
-                                               _r(3, 4, 128, dtype=f16), _r(3, 4, 8), _r(3, 4, 8),
-                                               _r(3, 1, 1, dtype=i32), 0.1, 4, 64, 1,
-                                               actual_seq_qlen=[3], actual_seq_kvlen=[64]),
-     [((3, 4, 192), f16), ((64, 1, 192), f16), ((64, 1, 128), f16)]),
     ("npu_nsa_compress_infer.cache",
      lambda: ops.npu_nsa_compress_infer.cache(_r(4, 128, 2, 16, dtype=f16), _r(32, 2, dtype=f16),
                                               _r(2, dtype=i32), 32, 16, 128, block_table=_r(2, 2, dtype=i32),
@@ -614,6 +607,17 @@ META_CASES = [
          _r(2, 16, 16, 16, dtype=f16), _r(2, 16, 16, 16, dtype=f16), _r(32, 256, dtype=f16),
          _r(32, 256, dtype=f16), _r(0, dtype=torch.uint8), 16, 16, 16, 16, 0.0, True),
      [((256, 256), f16)] * 4 + [((32, 256), f16)] * 3 + [((1, 256), f16)] * 4),
+    ("npu_fused_attention_layernorm_qkv_fwd",
+     lambda: ops.npu_fused_attention_layernorm_qkv_fwd(_r(64, 96, dtype=f16), _r(96, 96, dtype=f16),
+                                                       _r(96, 96, dtype=f16), _r(96, 96, dtype=f16), _r(96, dtype=f16),
+                                                       _r(96, dtype=f16), seq_len=32, num_heads=3),
+     [((64, 96), f16), ((2, 3, 32, 32), f16), ((2, 3, 32, 32), f16), ((2, 3, 32, 32), f16), ((64,), f16),
+      ((64,), f16)]),
+    ("npu_fused_attention_qkv_grad",
+     lambda: ops.npu_fused_attention_qkv_grad(_r(64, 96, dtype=f16), _r(64, 96, dtype=f16), _r(64, 96, dtype=f16),
+                                              _r(96, 96, dtype=f16), _r(96, 96, dtype=f16), _r(96, 96, dtype=f16),
+                                              _r(64, 96, dtype=f16), _r(64, 96, dtype=f16)),
+     [((64, 96), f16)] + [((96, 96), f16)] * 3 + [((96,), f16)] * 3),
 ]
 
 
@@ -642,3 +646,98 @@ def test_meta_validation_errors():
     meta_q = torch.empty(2, 3, 32, device="meta")
     with pytest.raises(NotImplementedError, match="query_dtype"):
         ops.npu_fused_infer_attention_score_v2(meta_q, meta_q, meta_q, query_dtype=1)
+
+
+# ------------------------------------------------------------------ npu_nsa_select_attention (+ grad)
+
+def _select_ref(q, k, v, topk, scale, block, cum_q, cum_kv):
+    """Per token, per key head: gather the chosen blocks of the token's batch, softmax attention
+    (float64 torch ops, so autograd gives the reference gradients)."""
+    t1, n1, d1 = q.shape
+    n2 = v.shape[1]
+    grp = n1 // n2
+    outs, maxes, sums = [], [], []
+    b, q_prev, kv_start = 0, 0, 0
+    for t in range(t1):
+        while t >= cum_q[b]:
+            b += 1
+        kv_start = 0 if b == 0 else cum_kv[b - 1]
+        row_out, row_max, row_sum = [], [], []
+        for n in range(n2):
+            rows = [kv_start + int(c) * block + j for c in topk[t, n] for j in range(block)]
+            ks, vs = k[rows, n], v[rows, n]
+            sc = q[t, n * grp:(n + 1) * grp] @ ks.t() * scale
+            m = sc.max(-1, keepdim=True).values
+            e = torch.exp(sc - m)
+            row_out.append((e / e.sum(-1, keepdim=True)) @ vs)
+            row_max.append(m)
+            row_sum.append(e.sum(-1, keepdim=True))
+        outs.append(torch.cat(row_out))
+        maxes.append(torch.cat(row_max))
+        sums.append(torch.cat(row_sum))
+    return torch.stack(outs), torch.stack(maxes), torch.stack(sums)
+
+
+def _select_inputs(dtype, seed=15):
+    g = torch.Generator().manual_seed(seed)
+    cum_q, cum_kv, block, count = [2, 5], [128, 320], 64, 2   # batch 0: 2 blocks, batch 1: 3 blocks
+    q = torch.randn(5, 4, 32, generator=g).to(dtype)
+    k = torch.randn(320, 2, 32, generator=g).to(dtype)
+    v = torch.randn(320, 2, 16, generator=g).to(dtype)
+    topk = torch.tensor([[[0, 1], [1, 0]], [[1, 1], [0, 0]], [[2, 0], [1, 2]], [[0, 1], [2, 2]], [[1, 2], [0, 1]]],
+                        dtype=torch.int32)
+    return q, k, v, topk, block, count, cum_q, cum_kv
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype,atol", [(torch.float16, 3e-3), (torch.bfloat16, 3e-2)])
+def test_nsa_select_attention_forward(device, dtype, atol):
+    q, k, v, topk, block, count, cum_q, cum_kv = _select_inputs(dtype)
+    out, mx, sm = torch_npu.npu_nsa_select_attention(q.to(device), k.to(device), v.to(device), topk.to(device),
+                                                     0.2, 4, block, count, actual_seq_qlen=cum_q,
+                                                     actual_seq_kvlen=cum_kv)
+    r_out, r_mx, r_sm = _select_ref(q.double(), k.double(), v.double(), topk, 0.2, block, cum_q, cum_kv)
+    assert out.shape == (5, 4, 16) and out.dtype == dtype and mx.shape == (5, 4, 8) and mx.dtype == torch.float32
+    _close(out, r_out, atol, 1e-2)
+    _close(mx, r_mx.expand(5, 4, 8), 1e-2, 1e-2)
+    _close(sm, r_sm.expand(5, 4, 8), 2e-2, 1e-2)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_nsa_select_attention_grad_matches_reference_autograd(device):
+    q, k, v, topk, block, count, cum_q, cum_kv = _select_inputs(torch.float64, seed=16)
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    r_out, _, _ = _select_ref(*leaves, topk, 0.3, block, cum_q, cum_kv)
+    g = torch.randn_like(r_out)
+    r_grads = torch.autograd.grad(r_out, leaves, g)
+    dev = [t.to(device) for t in (q, k, v)]
+    out, mx, sm = torch_npu.npu_nsa_select_attention(*dev, topk.to(device), 0.3, 4, block, count,
+                                                     actual_seq_qlen=cum_q, actual_seq_kvlen=cum_kv)
+    grads = torch_npu.npu_nsa_select_attention_grad(g.to(device), *dev, out, mx, sm, topk.to(device), 0.3, 4, block,
+                                                    count, actual_seq_qlen=cum_q, actual_seq_kvlen=cum_kv)
+    for got, ref in zip(grads, r_grads):
+        _close(got, ref, 1e-9, 1e-9)
+    fwd = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    out = torch_npu.npu_nsa_select_attention(*fwd, topk, 0.3, 4, block, count, actual_seq_qlen=cum_q,
+                                             actual_seq_kvlen=cum_kv)[0]
+    for got, ref in zip(torch.autograd.grad(out, fwd, g), r_grads):
+        _close(got, ref, 1e-9, 1e-9)
+
+
+def test_nsa_select_attention_errors_and_fake():
+    q, k, v, topk, block, count, cum_q, cum_kv = _select_inputs(torch.float16)
+    with pytest.raises(NotImplementedError, match="atten_mask"):
+        torch_npu.npu_nsa_select_attention(q, k, v, topk, 1.0, 4, block, count, atten_mask=torch.zeros(5, 320).bool(),
+                                           actual_seq_qlen=cum_q, actual_seq_kvlen=cum_kv)
+    with pytest.raises(RuntimeError, match="topk_indices must be int32"):
+        torch_npu.npu_nsa_select_attention(q, k, v, topk.long(), 1.0, 4, block, count, actual_seq_qlen=cum_q,
+                                           actual_seq_kvlen=cum_kv)
+    with FakeTensorMode():
+        fq, fk, fv = torch.randn(256, 16, 192).half(), torch.randn(3072, 4, 192).half(), torch.randn(3072, 4, 128).half()
+        ft = torch.zeros(256, 4, 16, dtype=torch.int32)
+        out, mx, sm = ops.npu_nsa_select_attention(fq, fk, fv, ft, 1.0, 16, 64, 16, actual_seq_qlen=[128, 256],
+                                                   actual_seq_kvlen=[2048, 3072])
+        grads = ops.npu_nsa_select_attention_grad(out, fq, fk, fv, out, mx, sm, ft, 1.0, 16, 64, 16,
+                                                  actual_seq_qlen=[128, 256], actual_seq_kvlen=[2048, 3072])
+    assert out.shape == (256, 16, 128) and mx.shape == (256, 16, 8) and mx.dtype == torch.float32
+    assert [g.shape for g in grads] == [fq.shape, fk.shape, fv.shape]

@@ -320,3 +320,113 @@ def npu_fused_floyd_attention_backward(grad_output, query_ik, key_ij, value_ij, 
     dv2 = torch.einsum("bhnmk,bhnmd->bhkmd", p, g)
     dt = query_ik.dtype
     return dq.to(dt), dk1.to(dt), dv1.to(dt), dk2.to(dt), dv2.to(dt)
+
+
+# ---------------------------------------------------------------- NSA select attention
+
+def _nsa_select_rows(op, query, key, value, topk_indices, head_num, block, count, atten_mask, actual_seq_qlen,
+                     actual_seq_kvlen):
+    """Absolute key/value rows [T1, N2, count * block] each query token attends to: the selected
+    blocks (topk_indices, relative to the token's batch) of its batch's key range."""
+    if atten_mask is not None:
+        raise NotImplementedError("%s: atten_mask is not emulated (documented as not supported yet)" % op)
+    check(query.dim() == 3 and key.dim() == 3 and value.dim() == 3, op, "query, key and value must be TND (3-D)")
+    check(query.dtype == key.dtype == value.dtype, op, "query, key and value dtypes must match")
+    check(query.dtype in (torch.float16, torch.bfloat16, torch.float64), op,
+          "dtype must be float16 or bfloat16, got %s" % query.dtype)
+    t1, n1, d1 = query.shape
+    t2, n2, d2 = value.shape
+    check(n1 == head_num, op, "query N (%d) must equal head_num (%d)" % (n1, head_num))
+    check(tuple(key.shape) == (t2, n2, d1), op, "key must be [T2=%d, N2=%d, D1=%d], got %s"
+          % (t2, n2, d1, tuple(key.shape)))
+    check(n1 % n2 == 0, op, "query heads (%d) must be a multiple of key heads (%d)" % (n1, n2))
+    check(d1 >= d2, op, "query/key D (%d) must be >= value D (%d)" % (d1, d2))
+    check(topk_indices.dtype == torch.int32 and tuple(topk_indices.shape) == (t1, n2, count), op,
+          "topk_indices must be int32 [T1=%d, N2=%d, select_block_count=%d], got %s %s"
+          % (t1, n2, count, topk_indices.dtype, tuple(topk_indices.shape)))
+    check(actual_seq_qlen is not None and actual_seq_kvlen is not None, op,
+          "actual_seq_qlen and actual_seq_kvlen are required")
+    check(len(actual_seq_qlen) == len(actual_seq_kvlen), op, "actual_seq_qlen and actual_seq_kvlen lengths differ")
+    check(int(actual_seq_qlen[-1]) == t1 and int(actual_seq_kvlen[-1]) == t2, op,
+          "the last cumulative lengths must equal T1 (%d) and T2 (%d)" % (t1, t2))
+    starts, prev_q, prev_kv = [], 0, 0
+    for end_q, end_kv in zip(actual_seq_qlen, actual_seq_kvlen):
+        end_q, end_kv = int(end_q), int(end_kv)
+        check(prev_kv % block == 0, op, "each batch's key range must start at a multiple of select_block_size")
+        starts.extend([prev_kv] * (end_q - prev_q))
+        prev_q, prev_kv = end_q, end_kv
+    base = torch.tensor(starts, dtype=torch.long, device=query.device).view(t1, 1, 1, 1)
+    blocks = topk_indices.long().unsqueeze(-1) * block + torch.arange(block, device=query.device)
+    return (base + blocks).reshape(t1, n2, count * block)
+
+
+def _nsa_gather(t, rows):
+    """t [T2, N2, D], rows [T1, N2, L] -> [T1, N2, L, D]."""
+    heads = torch.arange(t.shape[1], device=t.device).view(1, -1, 1)
+    return t.permute(1, 0, 2)[heads, rows]
+
+
+@impl("npu_nsa_select_attention")
+def npu_nsa_select_attention(query, key, value, topk_indices, scale_value, head_num, select_block_size,
+                             select_block_count, *, atten_mask=None, actual_seq_qlen=None, actual_seq_kvlen=None):
+    """(attention_out [T1, N1, D2], softmax_max [T1, N1, 8], softmax_sum [T1, N1, 8] float32): each
+    query head attends, with softmax(scale * q k^T), to the select_block_count blocks of
+    select_block_size keys that topk_indices picks for its key head."""
+    op = "npu_nsa_select_attention"
+    rows = _nsa_select_rows(op, query, key, value, topk_indices, head_num, select_block_size, select_block_count,
+                            atten_mask, actual_seq_qlen, actual_seq_kvlen)
+    t1, n1, d1 = query.shape
+    n2 = value.shape[1]
+    k_sel, v_sel = _nsa_gather(acc(key), rows), _nsa_gather(acc(value), rows)     # [T1, N2, L, D]
+    q = acc(query).view(t1, n2, n1 // n2, d1)
+    s = torch.einsum("tngd,tnld->tngl", q, k_sel) * scale_value
+    row_max = s.amax(-1, keepdim=True)
+    e = torch.exp(s - row_max)
+    row_sum = e.sum(-1, keepdim=True)
+    p = (e / row_sum).to(query.dtype).to(s.dtype)   # probabilities rounded to the input dtype before P.V
+    out = torch.einsum("tngl,tnld->tngd", p, v_sel).reshape(t1, n1, -1)
+    stat = torch.float64 if query.dtype == torch.float64 else torch.float32
+    shape8 = (t1, n1, 8)
+    return (out.to(query.dtype), row_max.reshape(t1, n1, 1).to(stat).expand(shape8).contiguous(),
+            row_sum.reshape(t1, n1, 1).to(stat).expand(shape8).contiguous())
+
+
+@impl("npu_nsa_select_attention_grad")
+def npu_nsa_select_attention_grad(grad, query, key, value, attention_out, softmax_max, softmax_sum, topk_indices,
+                                  scale_value, head_num, select_block_size, select_block_count, *, atten_mask=None,
+                                  actual_seq_qlen=None, actual_seq_kvlen=None):
+    """(d_query, d_key, d_value) of npu_nsa_select_attention for ``grad`` [T1, N1, D2]; the
+    probabilities are rebuilt from softmax_max / softmax_sum, keys selected by several tokens
+    accumulate their gradients."""
+    op = "npu_nsa_select_attention_grad"
+    rows = _nsa_select_rows(op, query, key, value, topk_indices, head_num, select_block_size, select_block_count,
+                            atten_mask, actual_seq_qlen, actual_seq_kvlen)
+    t1, n1, d1 = query.shape
+    t2, n2, d2 = value.shape
+    g_heads = n1 // n2
+    check(tuple(grad.shape) == (t1, n1, d2) and tuple(attention_out.shape) == (t1, n1, d2), op,
+          "grad / attention_out must be [T1=%d, N1=%d, D2=%d]" % (t1, n1, d2))
+    check(tuple(softmax_max.shape) == (t1, n1, 8) and tuple(softmax_sum.shape) == (t1, n1, 8), op,
+          "softmax_max / softmax_sum must be [T1=%d, N1=%d, 8]" % (t1, n1))
+    k_sel, v_sel = _nsa_gather(acc(key), rows), _nsa_gather(acc(value), rows)
+    q = acc(query).view(t1, n2, g_heads, d1)
+    s = torch.einsum("tngd,tnld->tngl", q, k_sel) * scale_value
+    cdt = s.dtype
+    mx = softmax_max[..., :1].to(cdt).view(t1, n2, g_heads, 1)
+    sm = softmax_sum[..., :1].to(cdt).view(t1, n2, g_heads, 1)
+    p = torch.exp(s - mx) / sm
+    g = acc(grad).view(t1, n2, g_heads, d2)
+    dp = torch.einsum("tngd,tnld->tngl", g, v_sel)
+    delta = (g * acc(attention_out).view(t1, n2, g_heads, d2)).sum(-1, keepdim=True)
+    ds = p * (dp - delta) * scale_value
+    dq = torch.einsum("tngl,tnld->tngd", ds, k_sel).reshape(t1, n1, d1)
+    dk_sel = torch.einsum("tngl,tngd->tnld", ds, q)
+    dv_sel = torch.einsum("tngl,tngd->tnld", p, g)
+    flat = (torch.arange(n2, device=rows.device).view(1, -1, 1) * t2 + rows).reshape(-1)
+
+    def scatter(sel, d):
+        dest = torch.zeros(n2 * t2, d, dtype=sel.dtype, device=sel.device)
+        return dest.index_add(0, flat, sel.reshape(-1, d)).view(n2, t2, d).permute(1, 0, 2)
+
+    dt = query.dtype
+    return dq.to(dt), scatter(dk_sel, d1).to(dt).contiguous(), scatter(dv_sel, d2).to(dt).contiguous()
