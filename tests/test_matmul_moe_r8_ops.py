@@ -357,6 +357,91 @@ def test_moe_gating_top_k_fake_grad_and_errors():
         torch_npu.npu_moe_gating_top_k(torch.randn(2, 12), 2, group_count=5)
 
 
+# ----------------------------------------------------------------- init routing v2
+
+def _init_routing_reference(x, expert_idx, start, end, active_num, row_idx_type, kind, expert_num, quant, scale):
+    """loops over the doc's equivalent computation (dropless/active mode)"""
+    n, k = expert_idx.shape
+    flat = expert_idx.reshape(-1).tolist()
+    key = [2 ** 31 - 1 if e < start else e for e in flat]
+    order = sorted(range(n * k), key=lambda i: (key[i], i))
+    available = sum(1 for e in flat if start <= e < end)
+    if row_idx_type == 0:
+        row_idx = [-1] * (n * k)
+        for i in range(available):
+            row_idx[order[i]] = i
+    else:
+        row_idx = order
+    hist = [sum(1 for e in flat if e == ex) for ex in range(start, end)]
+    if kind == 1:
+        counts = hist
+    elif kind == 0:
+        counts = [sum(hist[:i + 1]) for i in range(len(hist))]
+    else:
+        counts = [[start + i, c] for i, c in enumerate(hist) if c > 0]
+        counts += [[0, 0]] * (expert_num - len(counts))
+    rows = n * k if active_num <= 0 else min(active_num, n * k)
+    out_x, out_scale = [], []
+    for i in range(rows):
+        if i >= available:
+            out_x.append(torch.zeros(x.shape[1], dtype=x.dtype if quant == -1 else torch.int8))
+            out_scale.append(0.0)
+            continue
+        row = x[order[i] // k]
+        if quant == -1:
+            out_x.append(row)
+            out_scale.append(0.0 if scale is None else float(scale[order[i] // k]))
+        else:
+            xs = row.float() * (1 if scale is None else scale[key[order[i]] - start].float())
+            s = xs.abs().max() / 127
+            out_x.append(torch.round(xs / s).to(torch.int8))
+            out_scale.append(float(s))
+    return torch.stack(out_x), row_idx, counts, torch.tensor(out_scale, dtype=torch.float32)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("quant,row_idx_type,kind,erange,active_num",
+                         [(-1, 0, 0, [0, 8], -1), (-1, 1, 1, [2, 6], 0), (-1, 0, 2, [1, 7], 9),
+                          (1, 0, 1, [0, 8], -1), (1, 1, 2, [2, 6], 7)])
+def test_moe_init_routing_v2(device, dtype, quant, row_idx_type, kind, erange, active_num):
+    n, k, h, expert_num = 5, 3, 6, 8
+    x = torch.randn(n, h).to(dtype)
+    expert_idx = torch.randint(0, expert_num, (n, k), dtype=torch.int32)
+    start, end = erange
+    if quant == -1:
+        scale = torch.rand(n)
+    else:
+        scale = torch.rand(end - start, h) + 0.5 if kind == 2 else None
+    outs = torch_npu.npu_moe_init_routing_v2(
+        x.to(device), expert_idx.to(device), scale=None if scale is None else scale.to(device), active_num=active_num,
+        expert_num=expert_num, expert_tokens_num_type=kind, expert_tokens_num_flag=True, quant_mode=quant,
+        active_expert_range=erange, row_idx_type=row_idx_type)
+    ex, rid, counts, es = _init_routing_reference(x, expert_idx, start, end, active_num, row_idx_type, kind,
+                                                  expert_num, quant, scale)
+    assert all(o.device.type == device for o in outs)
+    assert outs[0].dtype == (dtype if quant == -1 else torch.int8) and outs[1].dtype == torch.int32
+    assert outs[2].dtype == torch.int64 and outs[3].dtype == torch.float32
+    assert torch.equal(outs[0].cpu(), ex)
+    assert outs[1].cpu().tolist() == rid
+    assert outs[2].cpu().tolist() == counts
+    torch.testing.assert_close(outs[3].cpu(), es)
+
+
+def test_moe_init_routing_v2_fake_and_errors():
+    with FakeTensorMode():
+        outs = torch_npu.npu_moe_init_routing_v2(torch.empty(6, 4, dtype=BF16), torch.empty(6, 2, dtype=I32),
+                                                 active_num=10, expert_num=8, quant_mode=1, expert_tokens_num_type=2)
+        assert [(tuple(o.shape), o.dtype) for o in outs] == [((10, 4), I8), ((12,), I32), ((8, 2), I64), ((10,), F32)]
+    x, idx = torch.randn(4, 2), torch.zeros(4, 2, dtype=I32)
+    with pytest.raises(NotImplementedError, match="drop_pad_mode=1"):
+        torch_npu.npu_moe_init_routing_v2(x, idx, expert_num=4, drop_pad_mode=1, expert_capacity=2)
+    with pytest.raises(NotImplementedError, match="quant_mode=0"):
+        torch_npu.npu_moe_init_routing_v2(x, idx, expert_num=4, quant_mode=0)
+    with pytest.raises(RuntimeError, match="expert_num must be given"):
+        torch_npu.npu_moe_init_routing_v2(x, idx)
+
+
 # ----------------------------------------------------------------- grouped matmul add
 
 def _gmm_add_loop(y, x, w, ends):
@@ -691,13 +776,6 @@ META_CASES = [
     ("npu_all_to_all_quant_matmul", lambda: ((E(8, 4), E(8, 6, dtype=I8), "g", 2),
                                              {"all2all_out_flag": False, "y_dtype": torch.bfloat16}),
      [((4, 6), BF16), None]),
-    ("npu_moe_init_routing_v2", lambda: ((E(6, 4), E(6, 2, dtype=I32)),
-                                         {"active_expert_range": [0, 8], "expert_num": 8}),
-     [((12, 4), torch.float16), ((12,), I32), ((8,), I64), ((12,), F32)]),
-    ("npu_moe_init_routing_v2", lambda: ((E(6, 4), E(6, 2, dtype=I32)),
-                                         {"active_expert_range": [2, 6], "expert_num": 8, "quant_mode": 1,
-                                          "expert_tokens_num_type": 2}),
-     [((12, 4), I8), ((12,), I32), ((8, 2), I64), ((12,), F32)]),
     ("npu_moe_init_routing_quant", lambda: ((E(6, 4), E(6, 2, dtype=I32)),
                                             {"active_num": 10, "expert_num": 4, "expert_tokens_num_mode": 1}),
      [((10, 4), I8), ((12,), I32), ((4,), I32), None, ((10,), F32)]),
@@ -769,8 +847,6 @@ def test_meta_checks_and_unmapped_dtypes():
             npu.npu_quant_mm_reduce_scatter(E(8, 4, dtype=I8), E(4, 6, dtype=I8), "g", 2)
         with pytest.raises(RuntimeError, match="K dim of a"):
             npu._npu_matmul_abft_verify(E(4, 8), E(7, 3), E(4, 3), E(3))
-        with pytest.raises(RuntimeError, match="active_expert_range"):
-            npu.npu_moe_init_routing_v2(E(6, 4), E(6, 2, dtype=I32))
     # on plain meta tensors the NotImplementedError itself surfaces (FakeTensor wraps it)
     with pytest.raises(NotImplementedError, match="y_dtype=torch_npu.hifloat8 has no torch dtype"):
         npu.npu_quant_matmul_all_to_all(torch.empty(4, 8, dtype=I8, device="meta"),

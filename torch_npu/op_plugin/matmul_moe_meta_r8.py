@@ -274,29 +274,6 @@ def npu_all_to_all_quant_matmul(x1, x2, hcom, world_size, *, all2all_out_flag=Tr
 
 # ----------------------------------------------------------------- MoE routing
 
-@meta("npu_moe_init_routing_v2")
-def npu_moe_init_routing_v2(x, expert_idx, *, scale=None, offset=None, active_num=-1, expert_capacity=-1,
-                            expert_num=-1, drop_pad_mode=0, expert_tokens_num_type=0, expert_tokens_num_flag=False,
-                            quant_mode=-1, active_expert_range=[], row_idx_type=0, x_dtype=None):
-    op = "npu_moe_init_routing_v2"
-    _check(x.dim() == 2, op, "the x shape support only 2d")
-    _check(expert_idx.dim() == 2, op, "the expert_idx shape support only 2d")
-    _check(x.shape[0] == expert_idx.shape[0], op, "the first dim of expert_idx and x should be the same")
-    _check(active_expert_range is not None and len(active_expert_range) == 2, op,
-           "active_expert_range is None or invalid. must be int[2]")
-    start, end = active_expert_range
-    _check(end > start, op, "active_expert_range is invalid. must be increasing")
-    _check(drop_pad_mode in (0, 1), op, "drop_pad_mode must be in [0, 1]")
-    _check(expert_tokens_num_type in (0, 1, 2), op, "expert_tokens_num_type must be in [0, 1, 2]")
-    _check(quant_mode in (-1, 0, 1), op, "quant_mode must be in [-1, 0, 1]")
-    _check(row_idx_type in (0, 1), op, "row_idx_type must be in [0, 1]")
-    rows = x.shape[0] * expert_idx.shape[1]
-    expanded_x = _empty((rows, x.shape[1]), x.dtype if quant_mode == -1 else torch.int8, x)
-    counts_shape = (end - start,) if expert_tokens_num_type in (0, 1) else (expert_num, 2)
-    return (expanded_x, _empty((rows,), torch.int32, x), _empty(counts_shape, torch.int64, x),
-            _empty((rows,), torch.float32, x))
-
-
 @meta("npu_moe_init_routing_quant")
 def npu_moe_init_routing_quant(x, expert_idx, *, scale=None, offset=None, active_num=1024, expert_capacity=0,
                                expert_num=256, drop_pad_mode=0, expert_tokens_num_mode=0,
