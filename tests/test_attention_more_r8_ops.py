@@ -591,11 +591,6 @@ META_CASES = [
                                             d_scale_q=_r(2, 4, 1, 1), d_scale_k=_r(2, 4, 1, 1),
                                             d_scale_v=_r(2, 4, 1, 1)),
      [((2, 4, 6, 64), f16), ((2, 4, 6, 8), f32), ((2, 4, 6, 8), f32), ((0,), f16)]),
-    ("npu_mhc_pre_backward",
-     lambda: ops.npu_mhc_pre_backward(_r(2, 3, 4, 32, dtype=bf16), _r(24, 128), _r(3), _r(2, 3, 32, dtype=bf16),
-                                      _r(2, 3, 4), _r(2, 3, 4, 4), _r(2, 3), _r(2, 3, 24), _r(2, 3, 4),
-                                      _r(2, 3, 4), _r(4, 32)),
-     [((2, 3, 4, 32), bf16), ((24, 128), f32), ((3,), f32), ((24,), f32), ((4, 32), f32)]),
     ("npu_mhc_sinkhorn_backward",
      lambda: ops.npu_mhc_sinkhorn_backward(_r(2, 3, 4, 4), _r(40, 4, 4, 2, 3), _r(40, 4, 2, 3)),
      [((2, 3, 4, 4), f32)]),
@@ -741,3 +736,95 @@ def test_nsa_select_attention_errors_and_fake():
                                                   actual_seq_qlen=[128, 256], actual_seq_kvlen=[2048, 3072])
     assert out.shape == (256, 16, 128) and mx.shape == (256, 16, 8) and mx.dtype == torch.float32
     assert [g.shape for g in grads] == [fq.shape, fk.shape, fv.shape]
+
+
+# ------------------------------------------------------------------ npu_mhc_pre (+ backward)
+
+def _mhc_pre_ref(x, phi, alpha, bias, gamma, norm_eps, hc_eps):
+    """Documented formula, float64 torch ops token by token (autograd gives the reference backward)."""
+    n, d = x.shape[-2], x.shape[-1]
+    flat_x = x.reshape(-1, n, d)
+    outs = [[] for _ in range(6)]
+    for tok in flat_x:
+        xf = tok.reshape(n * d)
+        rms = torch.sqrt((xf * xf).sum() / (n * d) + norm_eps)
+        g = xf if gamma is None else xf * gamma.reshape(n * d)
+        mix = phi @ g
+        w = mix / rms
+        pre = torch.sigmoid(alpha[0] * w[:n] + bias[:n]) + hc_eps
+        post = 2 * torch.sigmoid(alpha[1] * w[n:2 * n] + bias[n:2 * n])
+        res = (alpha[2] * w[2 * n:] + bias[2 * n:]).reshape(n, n)
+        h_in = (pre.unsqueeze(-1) * tok).sum(0)
+        for lst, val in zip(outs, (h_in, post, res, 1 / rms, mix, pre)):
+            lst.append(val)
+    lead = tuple(x.shape[:-2])
+    return [torch.stack(o).reshape(lead + tuple(o[0].shape)) for o in outs]
+
+
+def _mhc_inputs(lead, dtype, gamma=True, seed=17):
+    g = torch.Generator().manual_seed(seed)
+    n, d = 4, 16
+    x = torch.randn(lead + (n, d), generator=g).to(dtype)
+    fdt = torch.float64 if dtype == torch.float64 else torch.float32
+    phi = (torch.randn(n * n + 2 * n, n * d, generator=g) * 0.1).to(fdt)
+    alpha = torch.tensor([0.5, 0.7, 0.9]).to(fdt)
+    bias = (torch.randn(n * n + 2 * n, generator=g) * 0.1).to(fdt)
+    gam = torch.randn(n, d, generator=g).to(fdt) if gamma else None
+    return x, phi, alpha, bias, gam
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("lead,dtype,atol", [((2, 3), torch.bfloat16, 3e-2), ((5,), torch.float16, 3e-3)])
+def test_mhc_pre_forward(device, lead, dtype, atol):
+    x, phi, alpha, bias, gamma = _mhc_inputs(lead, dtype)
+    res = torch_npu.npu_mhc_pre(x.to(device), phi.to(device), alpha.to(device), bias.to(device),
+                                gamma=gamma.to(device), norm_eps=1e-5, hc_eps=1e-3, out_flag=1)
+    ref = _mhc_pre_ref(x.double(), phi.double(), alpha.double(), bias.double(), gamma.double(), 1e-5, 1e-3)
+    assert res[0].dtype == dtype and all(t.dtype == torch.float32 for t in res[1:])
+    assert [tuple(t.shape) for t in res] == [lead + (16,), lead + (4,), lead + (4, 4), lead, lead + (24,), lead + (4,)]
+    _close(res[0], ref[0], atol, 1e-2)
+    for got, exp in zip(res[1:], ref[1:]):
+        _close(got, exp, 1e-4, 1e-4)
+    short = torch_npu.npu_mhc_pre(x, phi, alpha, bias)
+    assert [tuple(t.shape) for t in short[3:]] == [(0,), (0,), (0,)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("with_gamma", [True, False])
+def test_mhc_pre_backward_matches_reference_autograd(device, with_gamma):
+    x, phi, alpha, bias, gamma = _mhc_inputs((2, 3), torch.float64, gamma=with_gamma, seed=18)
+    leaves = [x, phi, alpha, bias] + ([gamma] if with_gamma else [])
+    leaves = [t.clone().requires_grad_(True) for t in leaves]
+    ref = _mhc_pre_ref(leaves[0], leaves[1], leaves[2], leaves[3], leaves[4] if with_gamma else None, 1e-6, 1e-4)
+    gen = torch.Generator().manual_seed(19)
+    g_in, g_post, g_res = (torch.randn(r.shape, generator=gen, dtype=torch.float64) for r in ref[:3])
+    g_xpost = torch.randn(x.shape, generator=gen, dtype=torch.float64)
+    r_grads = torch.autograd.grad(ref[:3], leaves, (g_in, g_post, g_res))
+    dv = lambda t: None if t is None else t.to(device)  # noqa: E731
+    fwd = torch_npu.npu_mhc_pre(dv(x), dv(phi), dv(alpha), dv(bias), gamma=dv(gamma), hc_eps=1e-4, out_flag=1)
+    got = torch_npu.npu_mhc_pre_backward(dv(x), dv(phi), dv(alpha), dv(g_in), dv(g_post), dv(g_res), fwd[3], fwd[4],
+                                         fwd[5], fwd[1], gamma=dv(gamma), hc_eps=1e-4, grad_x_post=dv(g_xpost))
+    _close(got[0], r_grads[0] + g_xpost, 1e-9, 1e-9)
+    for a, b in zip(got[1:4], r_grads[1:4]):
+        _close(a, b, 1e-9, 1e-9)
+    if with_gamma:
+        _close(got[4], r_grads[4], 1e-9, 1e-9)
+    else:
+        assert got[4].shape == (4, 16) and not got[4].any()
+
+
+def test_mhc_pre_errors_and_fake():
+    x, phi, alpha, bias, gamma = _mhc_inputs((3,), torch.bfloat16)
+    with pytest.raises(RuntimeError, match="phi must be"):
+        torch_npu.npu_mhc_pre(x, phi[:-1], alpha, bias)
+    with pytest.raises(NotImplementedError, match="inner_precise"):
+        torch_npu.npu_mhc_pre(x, phi, alpha, bias, inner_precise=1)
+    with FakeTensorMode():
+        fx = torch.randn(2, 5, 8, 32).bfloat16()
+        res = ops.npu_mhc_pre(fx, torch.randn(80, 256), torch.randn(3), torch.randn(80), out_flag=1)
+        grads = ops.npu_mhc_pre_backward(fx, torch.randn(80, 256), torch.randn(3), torch.randn(2, 5, 32).bfloat16(),
+                                         torch.randn(2, 5, 8), torch.randn(2, 5, 8, 8), torch.randn(2, 5),
+                                         torch.randn(2, 5, 80), torch.randn(2, 5, 8), torch.randn(2, 5, 8))
+    assert [tuple(t.shape) for t in res] == [(2, 5, 32), (2, 5, 8), (2, 5, 8, 8), (2, 5), (2, 5, 80), (2, 5, 8)]
+    assert [tuple(t.shape) for t in grads] == [(2, 5, 8, 32), (80, 256), (3,), (80,), (8, 32)]
+    assert grads[0].dtype == torch.bfloat16 and grads[1].dtype == torch.float32

@@ -167,23 +167,6 @@ def npu_quant_fusion_attention_meta(query, key, value, head_num, input_layout, *
 
 # ---------------------------------------------------------------- mHC
 
-@meta("npu_mhc_pre_backward")
-def npu_mhc_pre_backward_meta(x, phi, alpha, grad_h_in, grad_h_post, grad_h_res, inv_rms, h_mix, h_pre, h_post,
-                              gamma=None, hc_eps=1e-6, grad_x_post=None, inner_precise=0):
-    """(grad_x [B, S, n, D] / [T, n, D] in x's dtype, grad_phi [n^2+2n, nD], grad_alpha [3],
-    grad_bias [n^2+2n], grad_gamma [n, D], all float32), n and D read from grad_h_post / grad_h_in
-    as op-plugin allocates them."""
-    op = "npu_mhc_pre_backward"
-    check(x.dim() in (3, 4), op, "Input x must be 3D or 4D, but got %dD." % x.dim())
-    check(grad_h_in.dim() in (2, 3), op, "Input grad_h_in must be 2D or 3D, but got %dD." % grad_h_in.dim())
-    check(grad_h_post.dim() in (2, 3), op, "Input grad_h_post must be 2D or 3D, but got %dD." % grad_h_post.dim())
-    d, n = grad_h_in.shape[-1], grad_h_post.shape[-1]
-    lead = tuple(grad_h_in.shape[:-1])
-    f32 = dict(dtype=torch.float32)
-    return (x.new_empty(lead + (n, d)), x.new_empty((n * n + 2 * n, n * d), **f32), x.new_empty((3,), **f32),
-            x.new_empty((n * n + 2 * n,), **f32), x.new_empty((n, d), **f32))
-
-
 # ---------------------------------------------------------------- multi-head attention backward
 
 @meta("npu_multi_head_attention_backward")
