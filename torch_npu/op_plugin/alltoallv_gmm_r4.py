@@ -23,8 +23,9 @@ import torch
 import torch.distributed as dist
 
 from torch_npu.op_plugin._common import acc, check
-from torch_npu.op_plugin._registry import impl
-from torch_npu.op_plugin.comm_matmul import _symbolic, _world
+from torch_npu.op_plugin._registry import opaque
+from torch_npu.op_plugin._opaque_vjp import recompute_autograd
+from torch_npu.op_plugin.comm_matmul import _world
 
 __all__ = []
 
@@ -82,10 +83,9 @@ def _alltoallv(x, group, send_counts, recv_counts, world, e):
     return out
 
 
-@impl("npu_alltoallv_gmm")
-def npu_alltoallv_gmm(gmm_x, gmm_weight, hcom, ep_world_size, send_counts, recv_counts, *, send_counts_tensor=None,
-                      recv_counts_tensor=None, mm_x=None, mm_weight=None, trans_gmm_weight=False,
-                      trans_mm_weight=False, permute_out_flag=False, comm_mode=None):
+def _npu_alltoallv_gmm(shapes_only, gmm_x, gmm_weight, hcom, ep_world_size, send_counts, recv_counts, *,
+                       send_counts_tensor=None, recv_counts_tensor=None, mm_x=None, mm_weight=None,
+                       trans_gmm_weight=False, trans_mm_weight=False, permute_out_flag=False, comm_mode=None):
     """See the module doc."""
     op = "npu_alltoallv_gmm"
     send_counts, recv_counts = [int(c) for c in send_counts], [int(c) for c in recv_counts]
@@ -98,7 +98,7 @@ def npu_alltoallv_gmm(gmm_x, gmm_weight, hcom, ep_world_size, send_counts, recv_
     check(weight.shape[1] == gmm_x.shape[1], op, "H1 of gmm_x and gmm_weight differ")
     mm_y = _shared(op, mm_x, mm_weight, trans_mm_weight, gmm_x)
     a = sum(recv_counts)
-    if _symbolic(gmm_x):
+    if shapes_only:  # the fake kernel: shapes only, no exchange
         permute = gmm_x.new_empty((a, gmm_x.shape[1]))
         gmm_y = gmm_x.new_empty((a, weight.shape[2]))
     else:
@@ -112,10 +112,9 @@ def npu_alltoallv_gmm(gmm_x, gmm_weight, hcom, ep_world_size, send_counts, recv_
     return gmm_y, mm_y, permute if permute_out_flag else gmm_x.new_empty((0,))
 
 
-@impl("npu_gmm_alltoallv")
-def npu_gmm_alltoallv(gmm_x, gmm_weight, hcom, ep_world_size, send_counts, recv_counts, *, send_counts_tensor=None,
-                      recv_counts_tensor=None, mm_x=None, mm_weight=None, trans_gmm_weight=False,
-                      trans_mm_weight=False, comm_mode=None):
+def _npu_gmm_alltoallv(shapes_only, gmm_x, gmm_weight, hcom, ep_world_size, send_counts, recv_counts, *,
+                       send_counts_tensor=None, recv_counts_tensor=None, mm_x=None, mm_weight=None,
+                       trans_gmm_weight=False, trans_mm_weight=False, comm_mode=None):
     """See the module doc."""
     op = "npu_gmm_alltoallv"
     send_counts, recv_counts = [int(c) for c in send_counts], [int(c) for c in recv_counts]
@@ -127,7 +126,7 @@ def npu_gmm_alltoallv(gmm_x, gmm_weight, hcom, ep_world_size, send_counts, recv_
     weight = _weight(gmm_weight, trans_gmm_weight)
     check(weight.shape[1] == gmm_x.shape[1], op, "H1 of gmm_x and gmm_weight differ")
     mm_y = _shared(op, mm_x, mm_weight, trans_mm_weight, gmm_x)
-    if _symbolic(gmm_x):
+    if shapes_only:  # the fake kernel: shapes only, no exchange
         return gmm_x.new_empty((sum(recv_counts), weight.shape[2])), mm_y
     world = ep_world_size
     group = _world(op, hcom, world)
@@ -139,3 +138,31 @@ def npu_gmm_alltoallv(gmm_x, gmm_weight, hcom, ep_world_size, send_counts, recv_
     index = torch.tensor(_blocks(block_counts, order), dtype=torch.long, device=gmm_x.device)
     unpermuted = gmm_y.index_select(0, index)
     return _alltoallv(unpermuted, group, send_counts, recv_counts, world, e), mm_y
+
+
+# Registered opaque: with more than one rank the AlltoAllv runs on the process group, which
+# FakeTensors cannot do; under torch.compile the op stays one graph node running the kernel,
+# the fake kernel giving the shapes (no world-size check: no group is consulted). Autograd
+# recomputes the kernel's math (the exchange itself is not differentiated, as before).
+def _alltoallv_gmm_fake(*args, **kwargs):
+    return _npu_alltoallv_gmm(True, *args, **kwargs)
+
+
+@opaque("npu_alltoallv_gmm", fake=_alltoallv_gmm_fake)
+def npu_alltoallv_gmm(*args, **kwargs):
+    """See the module doc."""
+    return _npu_alltoallv_gmm(False, *args, **kwargs)
+
+
+def _gmm_alltoallv_fake(*args, **kwargs):
+    return _npu_gmm_alltoallv(True, *args, **kwargs)
+
+
+@opaque("npu_gmm_alltoallv", fake=_gmm_alltoallv_fake)
+def npu_gmm_alltoallv(*args, **kwargs):
+    """See the module doc."""
+    return _npu_gmm_alltoallv(False, *args, **kwargs)
+
+
+recompute_autograd("npu_alltoallv_gmm", npu_alltoallv_gmm)
+recompute_autograd("npu_gmm_alltoallv", npu_gmm_alltoallv)

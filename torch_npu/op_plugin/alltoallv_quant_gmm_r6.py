@@ -22,9 +22,10 @@ Outputs the real op leaves undefined are empty ``(0,)`` tensors, as in ``alltoal
 import torch
 
 from torch_npu.op_plugin._common import check
-from torch_npu.op_plugin._registry import impl
+from torch_npu.op_plugin._opaque_vjp import non_differentiable
+from torch_npu.op_plugin._registry import opaque
 from torch_npu.op_plugin.alltoallv_gmm_r4 import _alltoallv, _blocks
-from torch_npu.op_plugin.comm_matmul import _symbolic, _world
+from torch_npu.op_plugin.comm_matmul import _world
 from torch_npu.op_plugin.quant import _dtype_arg
 from torch_npu.op_plugin.transpose_quant_matmul_r6 import _e8m0_values
 
@@ -112,14 +113,13 @@ def _shared_mx(op, mm_x, mm_weight, mm_x_scale, mm_weight_scale, mm_y_dtype, gmm
     return (a @ w).to(out)
 
 
-@impl("npu_alltoallv_quant_gmm")
-def npu_alltoallv_quant_gmm(gmm_x, gmm_weight, gmm_x_scale, gmm_weight_scale, hcom, ep_world_size, send_counts,
-                            recv_counts, gmm_y_dtype, *, send_counts_tensor=None, recv_counts_tensor=None, mm_x=None,
-                            mm_weight=None, mm_x_scale=None, mm_weight_scale=None, gmm_x_quant_mode=None,
-                            gmm_weight_quant_mode=None, mm_x_quant_mode=None, mm_weight_quant_mode=None,
-                            permute_out_flag=False, group_size=None, gmm_x_dtype=None, gmm_weight_dtype=None,
-                            gmm_x_scale_dtype=None, gmm_weight_scale_dtype=None, mm_x_dtype=None, mm_weight_dtype=None,
-                            mm_x_scale_dtype=None, mm_weight_scale_dtype=None, mm_y_dtype=None, comm_mode=None):
+def _npu_alltoallv_quant_gmm(shapes_only, gmm_x, gmm_weight, gmm_x_scale, gmm_weight_scale, hcom, ep_world_size,
+                             send_counts, recv_counts, gmm_y_dtype, *, send_counts_tensor=None, recv_counts_tensor=None,
+                             mm_x=None, mm_weight=None, mm_x_scale=None, mm_weight_scale=None, gmm_x_quant_mode=None,
+                             gmm_weight_quant_mode=None, mm_x_quant_mode=None, mm_weight_quant_mode=None,
+                             permute_out_flag=False, group_size=None, gmm_x_dtype=None, gmm_weight_dtype=None,
+                             gmm_x_scale_dtype=None, gmm_weight_scale_dtype=None, mm_x_dtype=None, mm_weight_dtype=None,
+                             mm_x_scale_dtype=None, mm_weight_scale_dtype=None, mm_y_dtype=None, comm_mode=None):
     """See the module doc."""
     op = "npu_alltoallv_quant_gmm"
     _check_unsupported(op, (("send_counts_tensor", send_counts_tensor), ("recv_counts_tensor", recv_counts_tensor),
@@ -137,7 +137,7 @@ def npu_alltoallv_quant_gmm(gmm_x, gmm_weight, gmm_x_scale, gmm_weight_scale, hc
     e = _check_gmm(op, gmm_x, gmm_weight, gmm_x_scale, gmm_weight_scale, ep_world_size, send_counts, recv_counts)
     mm_y = _shared_mx(op, mm_x, mm_weight, mm_x_scale, mm_weight_scale, mm_y_dtype, out_dtype, gmm_x)
     a = sum(recv_counts)
-    if _symbolic(gmm_x):
+    if shapes_only:  # the fake kernel: shapes only, no exchange
         permute = gmm_x.new_empty((a, gmm_x.shape[1]))
         gmm_y = gmm_x.new_empty((a, gmm_weight.shape[2]), dtype=out_dtype)
     else:
@@ -154,15 +154,14 @@ def npu_alltoallv_quant_gmm(gmm_x, gmm_weight, gmm_x_scale, gmm_weight_scale, hc
     return gmm_y, mm_y, permute if permute_out_flag else gmm_x.new_empty((0,))
 
 
-@impl("npu_quant_gmm_alltoallv")
-def npu_quant_gmm_alltoallv(gmm_x, gmm_weight, gmm_x_scale, gmm_weight_scale, hcom, ep_world_size, send_counts,
-                            recv_counts, gmm_y_dtype, *, send_counts_tensor=None, recv_counts_tensor=None, mm_x=None,
-                            mm_weight=None, mm_x_scale=None, mm_weight_scale=None, comm_quant_scale=None,
-                            gmm_x_quant_mode=None, gmm_weight_quant_mode=None, mm_x_quant_mode=None,
-                            mm_weight_quant_mode=None, comm_quant_mode=None, group_size=None, gmm_x_dtype=None,
-                            gmm_weight_dtype=None, gmm_x_scale_dtype=None, gmm_weight_scale_dtype=None, mm_x_dtype=None,
-                            mm_weight_dtype=None, mm_x_scale_dtype=None, mm_weight_scale_dtype=None,
-                            comm_quant_dtype=None, mm_y_dtype=None, comm_mode=None):
+def _npu_quant_gmm_alltoallv(shapes_only, gmm_x, gmm_weight, gmm_x_scale, gmm_weight_scale, hcom, ep_world_size,
+                             send_counts, recv_counts, gmm_y_dtype, *, send_counts_tensor=None, recv_counts_tensor=None,
+                             mm_x=None, mm_weight=None, mm_x_scale=None, mm_weight_scale=None, comm_quant_scale=None,
+                             gmm_x_quant_mode=None, gmm_weight_quant_mode=None, mm_x_quant_mode=None,
+                             mm_weight_quant_mode=None, comm_quant_mode=None, group_size=None, gmm_x_dtype=None,
+                             gmm_weight_dtype=None, gmm_x_scale_dtype=None, gmm_weight_scale_dtype=None,
+                             mm_x_dtype=None, mm_weight_dtype=None, mm_x_scale_dtype=None, mm_weight_scale_dtype=None,
+                             comm_quant_dtype=None, mm_y_dtype=None, comm_mode=None):
     """See the module doc."""
     op = "npu_quant_gmm_alltoallv"
     _check_unsupported(op, (("send_counts_tensor", send_counts_tensor), ("recv_counts_tensor", recv_counts_tensor),
@@ -182,7 +181,7 @@ def npu_quant_gmm_alltoallv(gmm_x, gmm_weight, gmm_x_scale, gmm_weight_scale, hc
     send_counts, recv_counts = [int(c) for c in send_counts], [int(c) for c in recv_counts]
     e = _check_gmm(op, gmm_x, gmm_weight, gmm_x_scale, gmm_weight_scale, ep_world_size, send_counts, recv_counts)
     mm_y = _shared_mx(op, mm_x, mm_weight, mm_x_scale, mm_weight_scale, mm_y_dtype, out_dtype, gmm_x)
-    if _symbolic(gmm_x):
+    if shapes_only:  # the fake kernel: shapes only, no exchange
         return gmm_x.new_empty((sum(recv_counts), gmm_weight.shape[2]), dtype=out_dtype), mm_y
     world = ep_world_size
     group = _world(op, hcom, world)
@@ -193,3 +192,28 @@ def npu_quant_gmm_alltoallv(gmm_x, gmm_weight, gmm_x_scale, gmm_weight_scale, hc
     order = [j * world + r for r in range(world) for j in range(e)]
     index = torch.tensor(_blocks(block_counts, order), dtype=torch.long, device=gmm_x.device)
     return _alltoallv(gmm_y.index_select(0, index), group, send_counts, recv_counts, world, e), mm_y
+
+
+# Registered opaque, as npu_alltoallv_gmm (alltoallv_gmm_r4.py): the exchange needs real
+# tensors; the fake kernel gives the shapes. float8 inputs carry no gradient.
+def _alltoallv_quant_gmm_fake(*args, **kwargs):
+    return _npu_alltoallv_quant_gmm(True, *args, **kwargs)
+
+
+@opaque("npu_alltoallv_quant_gmm", fake=_alltoallv_quant_gmm_fake)
+def npu_alltoallv_quant_gmm(*args, **kwargs):
+    """See the module doc."""
+    return _npu_alltoallv_quant_gmm(False, *args, **kwargs)
+
+
+def _quant_gmm_alltoallv_fake(*args, **kwargs):
+    return _npu_quant_gmm_alltoallv(True, *args, **kwargs)
+
+
+@opaque("npu_quant_gmm_alltoallv", fake=_quant_gmm_alltoallv_fake)
+def npu_quant_gmm_alltoallv(*args, **kwargs):
+    """See the module doc."""
+    return _npu_quant_gmm_alltoallv(False, *args, **kwargs)
+
+
+non_differentiable("npu_alltoallv_quant_gmm", "npu_quant_gmm_alltoallv")

@@ -8,6 +8,12 @@ Here the mask of a block of ``BLOCK_ROWS`` query rows of one segment comes from 
 of the rows gives the same mask, and nothing of size [B, N, S1, S2] is ever stored.
 The bits differ from the NPU's Philox stream (only the distribution and the
 reproducibility are emulated).
+
+The (seed, offset) pair and the mask are made on the host, so they cannot be recorded in a
+graph: while only shapes are inferred (Meta / FakeTensor, Dynamo's fake propagation) a
+placeholder pair and an all-kept mask stand in, but while a graph is being recorded for
+execution (AOTAutograd under torch.compile, make_fx, torch.export: a proxy mode is active)
+dropout raises NotImplementedError rather than compile attention without dropout.
 """
 import torch
 
@@ -29,11 +35,22 @@ def _is_symbolic(t):
     return t.device.type == "meta" or is_fake(t)
 
 
+def _refuse_graph_recording():
+    from torch.fx.experimental.proxy_tensor import get_proxy_mode
+    if get_proxy_mode() is not None:
+        raise NotImplementedError(
+            "attention dropout (keep_prob < 1) draws its mask on the host from the npu generator; the "
+            "CPU-emulated NPU cannot record it in a graph (torch.compile / make_fx / torch.export). "
+            "Run the attention call eagerly (torch.compiler.disable) or use keep_prob=1 in compiled code")
+
+
 def draw_seed_offset(like):
     """(seed, offset) for one dropout call from the npu default generator of ``like``'s
     device (the current npu device for CPU tensors), advancing its offset; (0, 0) while
-    only shapes are traced (meta / FakeTensor)."""
+    only shapes are inferred (meta / FakeTensor); NotImplementedError while a graph is
+    recorded (see the module docstring)."""
     if _is_symbolic(like):
+        _refuse_graph_recording()
         return 0, 0
     import torch_npu
     idx = like.device.index if like.device.type == "npu" and like.device.index is not None \
@@ -62,6 +79,7 @@ def keep_rows(seed, offset, segment, i0, i1, lead, s2, keep_prob, like):
     (True = kept, probability ``keep_prob``), on ``like``'s device."""
     shape = list(lead) + [i1 - i0, s2]
     if _is_symbolic(like):
+        _refuse_graph_recording()
         return torch.ones(shape, dtype=torch.bool, device=like.device)
     parts = []
     for block in range(i0 // BLOCK_ROWS, (i1 + BLOCK_ROWS - 1) // BLOCK_ROWS):

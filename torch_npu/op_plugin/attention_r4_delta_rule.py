@@ -18,8 +18,8 @@ its formula is not in the docs.
 import torch
 
 from torch_npu.op_plugin._common import check
-from torch_npu.op_plugin._registry import impl
-from torch_npu.op_plugin.comm_matmul import _symbolic
+from torch_npu.op_plugin._opaque_vjp import recompute_autograd
+from torch_npu.op_plugin._registry import impl, opaque
 
 __all__ = []
 
@@ -29,9 +29,8 @@ def _int_list(t, what, op):
     return [int(x) for x in t.tolist()]
 
 
-def _recurrence(op, query, key, value, state, beta, scale, actual_seq_lengths, ssm_state_indices,
-                num_accepted_tokens, g, gk):
-    """Returns (o, new_state); ``state`` itself is not written."""
+def _check_shapes(op, query, key, value, state, gk):
+    """The checks that need no tensor values."""
     if gk is not None:
         raise NotImplementedError("%s: argument gk is not emulated on the CPU-emulated NPU "
                                   "(per-key decay formula not documented)" % op)
@@ -45,10 +44,15 @@ def _recurrence(op, query, key, value, state, beta, scale, actual_seq_lengths, s
     check(nv % nk == 0, op, "value heads %d are not a multiple of key heads %d" % (nv, nk))
     check(state.dim() == 4 and tuple(state.shape[1:]) == (nv, dv, dk), op,
           "state must be (slots, %d, %d, %d), got %s" % (nv, dv, dk, tuple(state.shape)))
-    o_dtype = value.dtype
-    if _symbolic(query) or _symbolic(state):
-        return value.new_empty(value.shape, dtype=o_dtype), state.new_empty(state.shape)
 
+
+def _recurrence(op, query, key, value, state, beta, scale, actual_seq_lengths, ssm_state_indices,
+                num_accepted_tokens, g, gk):
+    """Returns (o, new_state); ``state`` itself is not written."""
+    _check_shapes(op, query, key, value, state, gk)
+    t_total, nk, dk = query.shape
+    nv, dv = value.shape[1], value.shape[2]
+    o_dtype = value.dtype
     lengths = [t_total] if actual_seq_lengths is None else _int_list(actual_seq_lengths, "actual_seq_lengths", op)
     check(sum(lengths) == t_total and min(lengths) >= 0, op,
           "actual_seq_lengths must be >= 0 and sum to T=%d, got %s" % (t_total, lengths))
@@ -94,20 +98,33 @@ def npu_recurrent_gated_delta_rule(query, key, value, state, *, beta=None, scale
                                    ssm_state_indices=None, num_accepted_tokens=None, g=None, gk=None):
     """Gated delta rule recurrence over packed sequences (see the module docstring):
     query/key (T, Nk, Dk), value (T, Nv, Dv), state (slots, Nv, Dv, Dk) updated in place at
-    ``ssm_state_indices``; returns o (T, Nv, Dv). ``gk`` raises NotImplementedError."""
-    op = "npu_recurrent_gated_delta_rule"
-    o, new_state = _recurrence(op, query, key, value, state, beta, scale, actual_seq_lengths, ssm_state_indices,
-                               num_accepted_tokens, g, gk)
-    if not _symbolic(state):
-        with torch.no_grad():
-            state.copy_(new_state)
+    ``ssm_state_indices``; returns o (T, Nv, Dv). ``gk`` raises NotImplementedError.
+    Runs the opaque functional op and copies its new state into ``state``, so under
+    torch.compile the recurrence stays one graph node and the write is a traced copy."""
+    _check_shapes("npu_recurrent_gated_delta_rule", query, key, value, state, gk)
+    o, new_state = torch.ops.npu.npu_recurrent_gated_delta_rule_functional(
+        query, key, value, state, beta=beta, scale=scale, actual_seq_lengths=actual_seq_lengths,
+        ssm_state_indices=ssm_state_indices, num_accepted_tokens=num_accepted_tokens, g=g, gk=gk)
+    with torch.no_grad():
+        state.copy_(new_state)
     return o
 
 
-@impl("npu_recurrent_gated_delta_rule_functional")
+def _functional_fake(query, key, value, state, *, beta=None, scale=None, actual_seq_lengths=None,
+                     ssm_state_indices=None, num_accepted_tokens=None, g=None, gk=None):
+    _check_shapes("npu_recurrent_gated_delta_rule_functional", query, key, value, state, gk)
+    return value.new_empty(value.shape), state.new_empty(state.shape)
+
+
+# opaque: lengths, state slots and accepted-token counts are read on the host; autograd
+# recomputes this kernel (its ATen math) in the backward
+@opaque("npu_recurrent_gated_delta_rule_functional", fake=_functional_fake)
 def npu_recurrent_gated_delta_rule_functional(query, key, value, state, *, beta=None, scale=None,
                                               actual_seq_lengths=None, ssm_state_indices=None,
                                               num_accepted_tokens=None, g=None, gk=None):
     """npu_recurrent_gated_delta_rule without mutation: returns (o, new state)."""
     return _recurrence("npu_recurrent_gated_delta_rule_functional", query, key, value, state, beta, scale,
                        actual_seq_lengths, ssm_state_indices, num_accepted_tokens, g, gk)
+
+
+recompute_autograd("npu_recurrent_gated_delta_rule_functional", npu_recurrent_gated_delta_rule_functional)

@@ -19,9 +19,9 @@ is an empty tensor. ``pre_tokens``/``next_tokens`` only take their default (as d
 import torch
 
 from torch_npu.op_plugin._common import check
-from torch_npu.op_plugin._registry import impl
+from torch_npu.op_plugin._opaque_vjp import non_differentiable
+from torch_npu.op_plugin._registry import opaque
 from torch_npu.op_plugin.attention_r4_layout import KeyRows, QueryRows
-from torch_npu.op_plugin.comm_matmul import _symbolic
 
 __all__ = []
 
@@ -49,15 +49,8 @@ def causal_mask(s1, s2, device):
     return j > i + (s2 - s1)
 
 
-@impl("npu_lightning_indexer")
-def npu_lightning_indexer(query, key, weights, *, actual_seq_lengths_query=None, actual_seq_lengths_key=None,
-                          block_table=None, layout_query="BSND", layout_key="BSND", sparse_count=2048,
-                          sparse_mode=3, pre_tokens=_MAX, next_tokens=_MAX, return_value=False):
-    """Top-``sparse_count`` key positions per query token of
-    ``sum_h w_h ReLU(q_h . k_j)`` (see the module docstring). query BSND [B,S1,N1,D] / TND
-    [T1,N1,D], key BSND / TND / PA_BSND (with ``block_table``), weights [B,S1,N1] / [T1,N1].
-    Returns (int32 sparse_indices [B,S1,N2,sparse_count] / [T1,N2,sparse_count], -1 padded;
-    an empty tensor)."""
+def _indexer_shape(query, key, weights, sparse_count, sparse_mode, pre_tokens, next_tokens, return_value):
+    """The checks that need no tensor values; returns the sparse_indices shape."""
     op = "npu_lightning_indexer"
     if return_value:
         raise NotImplementedError("%s: return_value=True is not emulated (sparse_values' content/dtype "
@@ -71,10 +64,31 @@ def npu_lightning_indexer(query, key, weights, *, actual_seq_lengths_query=None,
     check(n1 % n2 == 0, op, "query heads %d are not a multiple of key heads %d" % (n1, n2))
     check(tuple(weights.shape) == tuple(query.shape[:-1]), op, "weights shape %s must be query shape without D %s"
           % (tuple(weights.shape), tuple(query.shape[:-1])))
-    out_shape = tuple(query.shape[:-2]) + (n2, sparse_count)
+    return tuple(query.shape[:-2]) + (n2, sparse_count)
+
+
+def _lightning_indexer_fake(query, key, weights, *, actual_seq_lengths_query=None, actual_seq_lengths_key=None,
+                            block_table=None, layout_query="BSND", layout_key="BSND", sparse_count=2048,
+                            sparse_mode=3, pre_tokens=_MAX, next_tokens=_MAX, return_value=False):
+    out_shape = _indexer_shape(query, key, weights, sparse_count, sparse_mode, pre_tokens, next_tokens, return_value)
+    return query.new_empty(out_shape, dtype=torch.int32), query.new_empty([0])
+
+
+# opaque: the top-k selection depends on the scores' values and the lengths are read on the
+# host, so under torch.compile the op stays one graph node running this kernel
+@opaque("npu_lightning_indexer", fake=_lightning_indexer_fake)
+def npu_lightning_indexer(query, key, weights, *, actual_seq_lengths_query=None, actual_seq_lengths_key=None,
+                          block_table=None, layout_query="BSND", layout_key="BSND", sparse_count=2048,
+                          sparse_mode=3, pre_tokens=_MAX, next_tokens=_MAX, return_value=False):
+    """Top-``sparse_count`` key positions per query token of
+    ``sum_h w_h ReLU(q_h . k_j)`` (see the module docstring). query BSND [B,S1,N1,D] / TND
+    [T1,N1,D], key BSND / TND / PA_BSND (with ``block_table``), weights [B,S1,N1] / [T1,N1].
+    Returns (int32 sparse_indices [B,S1,N2,sparse_count] / [T1,N2,sparse_count], -1 padded;
+    an empty tensor)."""
+    op = "npu_lightning_indexer"
+    out_shape = _indexer_shape(query, key, weights, sparse_count, sparse_mode, pre_tokens, next_tokens, return_value)
+    n2 = key.shape[-2]
     empty = query.new_empty([0])
-    if _symbolic(query) or _symbolic(key):
-        return query.new_empty(out_shape, dtype=torch.int32), empty
     rows = QueryRows(op, query, layout_query, actual_seq_lengths_query)
     keys = KeyRows(op, key, layout_key, actual_seq_lengths_key, block_table, rows.batch)
     cdt = _compute_dtype(query)
@@ -96,7 +110,27 @@ def npu_lightning_indexer(query, key, weights, *, actual_seq_lengths_query=None,
     return out.reshape(out_shape), empty
 
 
-@impl("npu_dense_lightning_indexer_softmax_lse")
+def _softmax_lse_shape(query_index, key_index, weights, layout, sparse_mode, pre_tokens, next_tokens):
+    """The checks that need no tensor values; returns the shape of both outputs."""
+    op = "npu_dense_lightning_indexer_softmax_lse"
+    check(sparse_mode in (0, 3), op, "sparse_mode must be 0 or 3, got %d" % sparse_mode)
+    check(pre_tokens == _MAX and next_tokens == _MAX, op, "pre_tokens/next_tokens only support 2^63-1")
+    n1, n2 = query_index.shape[-2], key_index.shape[-2]
+    check(n1 % n2 == 0, op, "query heads %d are not a multiple of key heads %d" % (n1, n2))
+    check(tuple(weights.shape) == tuple(query_index.shape[:-1]), op, "weights shape must be query shape without D")
+    if layout == "BSND":
+        return (query_index.shape[0], n2, query_index.shape[1])
+    return (n2, query_index.shape[0])
+
+
+def _softmax_lse_fake(query_index, key_index, weights, *, actual_seq_qlen=None, actual_seq_klen=None, layout="BSND",
+                      sparse_mode=3, pre_tokens=_MAX, next_tokens=_MAX):
+    shape = _softmax_lse_shape(query_index, key_index, weights, layout, sparse_mode, pre_tokens, next_tokens)
+    return query_index.new_empty(shape, dtype=torch.float32), query_index.new_empty(shape, dtype=torch.float32)
+
+
+# opaque: the per-batch lengths are read on the host
+@opaque("npu_dense_lightning_indexer_softmax_lse", fake=_softmax_lse_fake)
 def npu_dense_lightning_indexer_softmax_lse(query_index, key_index, weights, *, actual_seq_qlen=None,
                                             actual_seq_klen=None, layout="BSND", sparse_mode=3, pre_tokens=_MAX,
                                             next_tokens=_MAX):
@@ -106,17 +140,8 @@ def npu_dense_lightning_indexer_softmax_lse(query_index, key_index, weights, *, 
     BSND and [N2, T1] for TND (the element order of the op-plugin golden, which compares
     flattened values). Rows past ``actual_seq_qlen`` hold 0."""
     op = "npu_dense_lightning_indexer_softmax_lse"
-    check(sparse_mode in (0, 3), op, "sparse_mode must be 0 or 3, got %d" % sparse_mode)
-    check(pre_tokens == _MAX and next_tokens == _MAX, op, "pre_tokens/next_tokens only support 2^63-1")
-    n1, n2 = query_index.shape[-2], key_index.shape[-2]
-    check(n1 % n2 == 0, op, "query heads %d are not a multiple of key heads %d" % (n1, n2))
-    check(tuple(weights.shape) == tuple(query_index.shape[:-1]), op, "weights shape must be query shape without D")
-    if layout == "BSND":
-        shape = (query_index.shape[0], n2, query_index.shape[1])
-    else:
-        shape = (n2, query_index.shape[0])
-    if _symbolic(query_index) or _symbolic(key_index):
-        return (query_index.new_empty(shape, dtype=torch.float32), query_index.new_empty(shape, dtype=torch.float32))
+    _softmax_lse_shape(query_index, key_index, weights, layout, sparse_mode, pre_tokens, next_tokens)
+    n2 = key_index.shape[-2]
     rows = QueryRows(op, query_index, layout, actual_seq_qlen)
     keys = KeyRows(op, key_index, layout, actual_seq_klen, None, rows.batch)
     cdt = _compute_dtype(query_index)
@@ -140,3 +165,6 @@ def npu_dense_lightning_indexer_softmax_lse(query_index, key_index, weights, *, 
         smax = smax.view(n2, b_, s_).transpose(0, 1).contiguous()
         ssum = ssum.view(n2, b_, s_).transpose(0, 1).contiguous()
     return smax, ssum
+
+
+non_differentiable("npu_lightning_indexer", "npu_dense_lightning_indexer_softmax_lse")

@@ -20,9 +20,9 @@ documented default.
 import torch
 
 from torch_npu.op_plugin._common import check
-from torch_npu.op_plugin._registry import impl
+from torch_npu.op_plugin._opaque_vjp import recompute_autograd
+from torch_npu.op_plugin._registry import opaque
 from torch_npu.op_plugin.attention_r4_layout import KeyRows, QueryRows
-from torch_npu.op_plugin.comm_matmul import _symbolic
 
 __all__ = []
 
@@ -74,15 +74,9 @@ def sparse_attention_rows(q, k, v, indices, scale, block, sparse_mode, s1_act, s
     return torch.cat(outs, 1), torch.stack(maxes), torch.stack(sums)
 
 
-@impl("npu_sparse_flash_attention")
-def npu_sparse_flash_attention(query, key, value, sparse_indices, scale_value, *, block_table=None,
-                               actual_seq_lengths_query=None, actual_seq_lengths_kv=None, query_rope=None,
-                               key_rope=None, sparse_block_size=1, layout_query="BSND", layout_kv="BSND",
-                               sparse_mode=3, pre_tokens=_MAX, next_tokens=_MAX, attention_mode=0,
-                               return_softmax_lse=False, sinks=None):
-    """Sparse attention over the key blocks in ``sparse_indices`` (see the module docstring).
-    Returns (attention_out in the query's layout and dtype with value's head dim,
-    softmax_max, softmax_sum)."""
+def _output_shapes(query, key, value, sparse_block_size, layout_query, sparse_mode, pre_tokens, next_tokens,
+                   query_rope, key_rope):
+    """The checks that need no tensor values; returns (attention_out shape, softmax stats shape)."""
     op = "npu_sparse_flash_attention"
     check(sparse_mode in (0, 3), op, "sparse_mode must be 0 or 3, got %d" % sparse_mode)
     check(pre_tokens == _MAX and next_tokens == _MAX, op, "pre_tokens/next_tokens only support 2^63-1")
@@ -95,11 +89,38 @@ def npu_sparse_flash_attention(query, key, value, sparse_indices, scale_value, *
     out_shape = tuple(query.shape[:-1]) + (val.shape[-1],)
     stat_shape = ((query.shape[0], n2, query.shape[1], n1 // n2) if layout_query == "BSND"
                   else (n2, query.shape[0], n1 // n2))
+    return out_shape, stat_shape
+
+
+def _sparse_flash_attention_fake(query, key, value, sparse_indices, scale_value, *, block_table=None,
+                                 actual_seq_lengths_query=None, actual_seq_lengths_kv=None, query_rope=None,
+                                 key_rope=None, sparse_block_size=1, layout_query="BSND", layout_kv="BSND",
+                                 sparse_mode=3, pre_tokens=_MAX, next_tokens=_MAX, attention_mode=0,
+                                 return_softmax_lse=False, sinks=None):
+    out_shape, stat_shape = _output_shapes(query, key, value, sparse_block_size, layout_query, sparse_mode,
+                                           pre_tokens, next_tokens, query_rope, key_rope)
+    stat = stat_shape if return_softmax_lse else (0,)
+    return (query.new_empty(out_shape), query.new_empty(stat, dtype=torch.float32),
+            query.new_empty(stat, dtype=torch.float32))
+
+
+# opaque: the lengths and paged block tables are read on the host; autograd recomputes this
+# kernel (its ATen math) in the backward
+@opaque("npu_sparse_flash_attention", fake=_sparse_flash_attention_fake)
+def npu_sparse_flash_attention(query, key, value, sparse_indices, scale_value, *, block_table=None,
+                               actual_seq_lengths_query=None, actual_seq_lengths_kv=None, query_rope=None,
+                               key_rope=None, sparse_block_size=1, layout_query="BSND", layout_kv="BSND",
+                               sparse_mode=3, pre_tokens=_MAX, next_tokens=_MAX, attention_mode=0,
+                               return_softmax_lse=False, sinks=None):
+    """Sparse attention over the key blocks in ``sparse_indices`` (see the module docstring).
+    Returns (attention_out in the query's layout and dtype with value's head dim,
+    softmax_max, softmax_sum)."""
+    op = "npu_sparse_flash_attention"
+    out_shape, _ = _output_shapes(query, key, value, sparse_block_size, layout_query, sparse_mode, pre_tokens,
+                                  next_tokens, query_rope, key_rope)
+    val = key if value is None else value
+    n1, n2 = query.shape[-2], key.shape[-2]
     cdt = torch.float64 if query.dtype == torch.float64 else torch.float32
-    if _symbolic(query) or _symbolic(key) or _symbolic(sparse_indices):
-        stat = stat_shape if return_softmax_lse else (0,)
-        return (query.new_empty(out_shape), query.new_empty(stat, dtype=torch.float32),
-                query.new_empty(stat, dtype=torch.float32))
     rows = QueryRows(op, query, layout_query, actual_seq_lengths_query)
     keys = KeyRows(op, key, layout_kv, actual_seq_lengths_kv, block_table, rows.batch)
     q_all = rows.flat(query if query_rope is None else torch.cat([query, query_rope], -1))
@@ -127,3 +148,6 @@ def npu_sparse_flash_attention(query, key, value, sparse_indices, scale_value, *
         smax = smax.reshape(n2, b_, s_, n1 // n2).transpose(0, 1).contiguous()
         ssum = ssum.reshape(n2, b_, s_, n1 // n2).transpose(0, 1).contiguous()
     return out, smax, ssum
+
+
+recompute_autograd("npu_sparse_flash_attention", npu_sparse_flash_attention)

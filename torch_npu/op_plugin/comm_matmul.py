@@ -7,7 +7,10 @@ the other. With torch.distributed not initialised (or a one-rank group) the coll
 identity, which is the single-rank result of the real op. With more ranks, ``hcom`` is resolved
 to its process group (``_resolve_process_group``) and torch.distributed's collectives run on it
 (hccl when available, any backend that supports the collective otherwise). Under Meta /
-FakeTensor only shapes are computed. The collectives are not differentiated through (autograd
+FakeTensor the single-rank result is traced as it is computed (the collective is the
+identity); with a multi-rank group the collective needs real tensors, so a Meta / FakeTensor
+call (torch.compile tracing included) raises NotImplementedError instead of leaving the
+exchange out of the traced graph. The collectives are not differentiated through (autograd
 sees the local matmul only), so backward is exact on one rank only.
 Quantised variants (int8 inputs, dequant/pertoken scales, comm quantisation) raise
 NotImplementedError.
@@ -31,6 +34,13 @@ def _symbolic(t):
         return True
     from torch._subclasses.fake_tensor import is_fake
     return is_fake(t)
+
+
+def _traceable(op, t):
+    """Refuses a multi-rank collective on shape-only tensors: tracing it would drop the exchange."""
+    if _symbolic(t):
+        raise NotImplementedError("%s: with a multi-rank hcom group the collective needs real tensors; it cannot "
+                                  "be traced on Meta/FakeTensor (torch.compile) by the CPU-emulated NPU" % op)
 
 
 def _group(op, hcom):
@@ -128,7 +138,8 @@ def npu_mm_all_reduce_base(x1, x2, hcom, *, reduce_op="sum", bias=None, antiquan
               % (tuple(out.shape), tuple(x3.shape)))
         out = out + x3
     group = _group(op, hcom)
-    if group is not None and not _symbolic(out):
+    if group is not None:
+        _traceable(op, out)
         out = out.contiguous()
         dist.all_reduce(out, op=dist.ReduceOp.SUM, group=group)
     return out
@@ -159,10 +170,10 @@ def npu_mm_reduce_scatter_base(self, x2, hcom, world_size, *, reduce_op="sum", b
         out = out + bias
     if group is None:
         return out
+    _traceable(op, out)
     rows = x1.size(0) // world_size
     result = out.new_empty((rows, out.size(1)))
-    if not _symbolic(out):
-        dist.reduce_scatter_tensor(result, out.contiguous(), op=dist.ReduceOp.SUM, group=group)
+    dist.reduce_scatter_tensor(result, out.contiguous(), op=dist.ReduceOp.SUM, group=group)
     return result
 
 
@@ -188,9 +199,9 @@ def npu_all_gather_base_mm(self, x2, hcom, world_size, *, bias=None, x1_scale=No
     if group is None:
         gathered = x1
     else:
+        _traceable(op, x1)
         gathered = x1.new_empty((x1.size(0) * world_size, x1.size(1)))
-        if not _symbolic(x1):
-            dist.all_gather_into_tensor(gathered, x1.contiguous(), group=group)
+        dist.all_gather_into_tensor(gathered, x1.contiguous(), group=group)
     out = torch.matmul(gathered, x2)
     if bias is not None:
         check(bias.dim() == 1 and bias.numel() == x2.size(1), op, "bias must be (n,)")

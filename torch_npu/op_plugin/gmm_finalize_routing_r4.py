@@ -12,12 +12,15 @@ cumulative ends for 0; rows past the last group are not used)::
 hardware wants is only a metadata tag here (npu_format_cast keeps the logical shape). Without
 ``logit`` the rows are added unweighted; without ``scale``/``pertoken_scale`` that factor is 1.
 The A8W4 (int32-packed int4 ``w``, ``bias``, ``offset``) and Ascend 950 mx/fp8 scenarios, and a
-missing ``row_index``, raise NotImplementedError.
+missing ``row_index``, raise NotImplementedError. ``group_list`` is read on the host (the split
+needs the counts), so the op is registered opaque: one node under torch.compile running this
+kernel, the fake kernel giving the ``(output_bs or m, n)`` float32 shape.
 """
 import torch
 
 from torch_npu.op_plugin._common import check
-from torch_npu.op_plugin._registry import impl
+from torch_npu.op_plugin._opaque_vjp import non_differentiable
+from torch_npu.op_plugin._registry import opaque
 
 __all__ = []
 
@@ -28,14 +31,6 @@ def _unsupported(what):
     raise NotImplementedError("%s: %s is not emulated by the CPU-emulated NPU" % (_OP, what))
 
 
-def _symbolic(t):
-    """True for tensors that carry shapes only (meta, FakeTensor)."""
-    if t.device.type == "meta":
-        return True
-    from torch._subclasses.fake_tensor import is_fake
-    return is_fake(t)
-
-
 def _counts(group_list, group_list_type):
     """Rows per group, read on the host (the split needs them)."""
     values = [int(v) for v in group_list.tolist()]
@@ -44,14 +39,9 @@ def _counts(group_list, group_list_type):
     return values
 
 
-@impl("npu_grouped_matmul_finalize_routing")
-def npu_grouped_matmul_finalize_routing(x, w, group_list, *, scale=None, bias=None, offset=None,
-                                        pertoken_scale=None, shared_input=None, logit=None,
-                                        row_index=None, dtype=None, shared_input_weight=1.0,
-                                        shared_input_offset=0, output_bs=0, group_list_type=1,
-                                        tuning_config=None, x_dtype=None, w_dtype=None,
-                                        scale_dtype=None, pertoken_scale_dtype=None):
-    """See the module doc."""
+def _check_args(x, w, group_list, bias, offset, row_index, dtype, output_bs, group_list_type, x_dtype, w_dtype,
+                scale_dtype, pertoken_scale_dtype):
+    """The checks that need no values; returns the output shape (output_bs or m, n)."""
     check(group_list_type in (0, 1, None), _OP, "only support group_list_type's value 0 or 1.")
     check(x.dim() == 2 and w.dim() == 3, _OP, "x dim is 2 weight dim is 3")
     check(dtype in (None, torch.float32), _OP, "The dtype should be float")
@@ -67,9 +57,30 @@ def npu_grouped_matmul_finalize_routing(x, w, group_list, *, scale=None, bias=No
     e, wk, n = w.shape
     check(wk == k, _OP, "k of x %d and w %d differ" % (k, wk))
     check(group_list.dim() == 1 and group_list.numel() == e, _OP, "group_list must be (e,) with e=%d" % e)
-    out_rows = output_bs or m
-    if _symbolic(x):
-        return x.new_empty((out_rows, n), dtype=torch.float32)
+    return output_bs or m, n
+
+
+def _finalize_routing_fake(x, w, group_list, *, scale=None, bias=None, offset=None, pertoken_scale=None,
+                           shared_input=None, logit=None, row_index=None, dtype=None, shared_input_weight=1.0,
+                           shared_input_offset=0, output_bs=0, group_list_type=1, tuning_config=None, x_dtype=None,
+                           w_dtype=None, scale_dtype=None, pertoken_scale_dtype=None):
+    shape = _check_args(x, w, group_list, bias, offset, row_index, dtype, output_bs, group_list_type, x_dtype,
+                        w_dtype, scale_dtype, pertoken_scale_dtype)
+    return x.new_empty(shape, dtype=torch.float32)
+
+
+@opaque("npu_grouped_matmul_finalize_routing", fake=_finalize_routing_fake)
+def npu_grouped_matmul_finalize_routing(x, w, group_list, *, scale=None, bias=None, offset=None,
+                                        pertoken_scale=None, shared_input=None, logit=None,
+                                        row_index=None, dtype=None, shared_input_weight=1.0,
+                                        shared_input_offset=0, output_bs=0, group_list_type=1,
+                                        tuning_config=None, x_dtype=None, w_dtype=None,
+                                        scale_dtype=None, pertoken_scale_dtype=None):
+    """See the module doc."""
+    out_rows, n = _check_args(x, w, group_list, bias, offset, row_index, dtype, output_bs, group_list_type,
+                              x_dtype, w_dtype, scale_dtype, pertoken_scale_dtype)
+    m = x.shape[0]
+    e = w.shape[0]
     counts = _counts(group_list, 1 if group_list_type is None else group_list_type)
     used = sum(counts)
     check(min(counts) >= 0 and used <= m, _OP, "group_list must give non-negative sizes summing to <= m=%d" % m)
@@ -94,3 +105,6 @@ def npu_grouped_matmul_finalize_routing(x, w, group_list, *, scale=None, bias=No
         shared = shared_input.float() * shared_input_weight
         y = y + torch.nn.functional.pad(shared, (0, 0, shared_input_offset, out_rows - shared_input_offset - s))
     return y
+
+
+non_differentiable("npu_grouped_matmul_finalize_routing")

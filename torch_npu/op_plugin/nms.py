@@ -1,12 +1,15 @@
 """Non-maximum suppression: npu_nms_v4 (TensorFlow NonMaxSuppressionV4 semantics).
 
-The number of kept boxes depends on the values, so these ops need real tensors: under
-Meta/FakeTensor they raise (the output size cannot be inferred)."""
+The number of kept boxes depends on the values, so the op is registered opaque: one node
+under torch.compile, running the host NMS at run time; its fake kernel gives the
+unpadded index output a data-dependent length (an unbacked size, 0 <= n <= min(N,
+max_output_size))."""
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 from torch_npu.op_plugin._common import check
-from torch_npu.op_plugin._registry import impl
-from torch_npu.op_plugin.comm_matmul import _symbolic
+from torch_npu.op_plugin._opaque_vjp import non_differentiable
+from torch_npu.op_plugin._registry import opaque
 
 __all__ = []
 
@@ -38,23 +41,41 @@ def greedy_nms(boxes, scores, max_output, iou_threshold, score_threshold):
     return kept
 
 
-@impl("npu_nms_v4")
+def _check_nms_v4(self, scores, max_output_size):
+    op = "npu_nms_v4"
+    check(self.dim() == 2 and self.size(1) == 4, op, "boxes must be (N, 4), got %s" % (tuple(self.shape),))
+    check(scores.dim() == 1 and scores.size(0) == self.size(0), op, "scores must be (N,)")
+    max_out = int(max_output_size)
+    check(max_out >= 0, op, "max_output_size must be >= 0, got %d" % max_out)
+    return max_out
+
+
+def _nms_v4_fake(self, scores, max_output_size, iou_threshold, scores_threshold, pad_to_max_output_size=False):
+    max_out = _check_nms_v4(self, scores, max_output_size)
+    if pad_to_max_output_size:
+        n = max_out
+    elif not is_fake(self):  # plain meta tensors have no symbol for the kept count
+        raise NotImplementedError("npu_nms_v4: the number of kept boxes depends on the values; meta tensors "
+                                  "cannot hold it (FakeTensor tracing gives it a data-dependent size)")
+    else:
+        n = torch.library.get_ctx().new_dynamic_size(min=0, max=min(max_out, self.size(0)))
+    return self.new_empty((n,), dtype=torch.int32), self.new_empty((), dtype=torch.int32)
+
+
+@opaque("npu_nms_v4", fake=_nms_v4_fake)
 def npu_nms_v4(self, scores, max_output_size, iou_threshold, scores_threshold, pad_to_max_output_size=False):
     """Greedy NMS of ``self`` (N, 4) boxes with ``scores`` (N,): see :func:`greedy_nms`
     (boxes with IoU ``> iou_threshold`` against a kept box are suppressed, scores
     ``<= scores_threshold`` never kept). Returns ``(selected_indices, valid_outputs)``:
     int32 indices in selection order (length ``valid_outputs``, or ``max_output_size`` padded
     with zeros when ``pad_to_max_output_size``) and the int32 0-D count."""
-    op = "npu_nms_v4"
-    check(self.dim() == 2 and self.size(1) == 4, op, "boxes must be (N, 4), got %s" % (tuple(self.shape),))
-    check(scores.dim() == 1 and scores.size(0) == self.size(0), op, "scores must be (N,)")
-    if _symbolic(self):
-        raise NotImplementedError("%s: the number of kept boxes depends on the values; no meta kernel" % op)
-    max_out = int(max_output_size)
-    check(max_out >= 0, op, "max_output_size must be >= 0, got %d" % max_out)
+    max_out = _check_nms_v4(self, scores, max_output_size)
     kept = greedy_nms(self.detach().cpu(), scores.detach().cpu().double(), max_out,
                       float(iou_threshold), float(scores_threshold))
     n = max_out if pad_to_max_output_size else len(kept)
     idx = torch.zeros(n, dtype=torch.int32)
     idx[:len(kept)] = torch.tensor(kept, dtype=torch.int32)
     return idx.to(self.device), torch.tensor(len(kept), dtype=torch.int32).to(self.device)
+
+
+non_differentiable("npu_nms_v4")

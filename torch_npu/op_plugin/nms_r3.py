@@ -3,13 +3,14 @@
 IoU of axis-aligned boxes as ``nms._pair_iou`` (no +1 on widths); a box is suppressed when
 its IoU with an already kept box is ``> iou_threshold`` (the CANN NMSWithMask kernel tests
 ``inter > thr / (1 + thr) * (area_a + area_b)``, the same condition). Values are read on
-the host (``tolist``); npu_batch_nms has fixed output shapes, so under Meta/FakeTensor it
-returns tensors of those shapes; npu_nms_with_mask likewise (N rows)."""
+the host (``tolist``), so both ops are registered opaque (one node under torch.compile,
+running the host NMS at run time); their fake kernels give the fixed output shapes
+(npu_batch_nms: T = max_total_size rows; npu_nms_with_mask: N rows)."""
 import torch
 
 from torch_npu.op_plugin._common import check
-from torch_npu.op_plugin._registry import impl
-from torch_npu.op_plugin.comm_matmul import _symbolic
+from torch_npu.op_plugin._opaque_vjp import non_differentiable
+from torch_npu.op_plugin._registry import opaque
 from torch_npu.op_plugin.nms import greedy_nms, _pair_iou
 
 __all__ = []
@@ -19,18 +20,8 @@ def _unsupported(op, what):
     raise NotImplementedError("%s: %s is not supported by the CPU-emulated NPU" % (op, what))
 
 
-@impl("npu_batch_nms")
-def npu_batch_nms(self, scores, score_threshold, iou_threshold, max_size_per_class, max_total_size,
-                  change_coordinate_frame=False, transpose_box=False):
-    """Batched multi-class NMS. ``self`` boxes (B, N, q, 4) with q = 1 (shared by all
-    classes) or q = C; ``scores`` (B, N, C). Per image and class: boxes with
-    ``score > score_threshold``, greedy NMS (suppress IoU ``> iou_threshold``), at most
-    ``max_size_per_class`` kept; then all kept boxes of the image sorted by score
-    (descending; ties: lower class, then selection order) and the first ``max_total_size``
-    written. Returns ``(nmsed_boxes (B, T, 4), nmsed_scores (B, T), nmsed_classes (B, T),
-    nmsed_num (B,) int32)`` with T = ``max_total_size``, rows past ``nmsed_num`` zero, in the
-    dtype of ``self``. ``change_coordinate_frame`` and ``transpose_box`` must be False
-    (their exact semantics are not documented)."""
+def _check_batch_nms(self, scores, max_size_per_class, max_total_size, change_coordinate_frame, transpose_box):
+    """The checks that need no values; returns (b, n, q, c, total, per_class)."""
     op = "npu_batch_nms"
     if change_coordinate_frame:
         _unsupported(op, "change_coordinate_frame=True")
@@ -45,13 +36,35 @@ def npu_batch_nms(self, scores, score_threshold, iou_threshold, max_size_per_cla
     total = int(max_total_size)
     per_class = int(max_size_per_class)
     check(total >= 0 and per_class >= 0, op, "max sizes must be >= 0")
+    return b, n, q, c, total, per_class
+
+
+def _batch_nms_fake(self, scores, score_threshold, iou_threshold, max_size_per_class, max_total_size,
+                    change_coordinate_frame=False, transpose_box=False):
+    b, _, _, _, total, _ = _check_batch_nms(self, scores, max_size_per_class, max_total_size,
+                                            change_coordinate_frame, transpose_box)
+    return (self.new_empty((b, total, 4)), self.new_empty((b, total)), self.new_empty((b, total)),
+            self.new_empty((b,), dtype=torch.int32))
+
+
+@opaque("npu_batch_nms", fake=_batch_nms_fake)
+def npu_batch_nms(self, scores, score_threshold, iou_threshold, max_size_per_class, max_total_size,
+                  change_coordinate_frame=False, transpose_box=False):
+    """Batched multi-class NMS. ``self`` boxes (B, N, q, 4) with q = 1 (shared by all
+    classes) or q = C; ``scores`` (B, N, C). Per image and class: boxes with
+    ``score > score_threshold``, greedy NMS (suppress IoU ``> iou_threshold``), at most
+    ``max_size_per_class`` kept; then all kept boxes of the image sorted by score
+    (descending; ties: lower class, then selection order) and the first ``max_total_size``
+    written. Returns ``(nmsed_boxes (B, T, 4), nmsed_scores (B, T), nmsed_classes (B, T),
+    nmsed_num (B,) int32)`` with T = ``max_total_size``, rows past ``nmsed_num`` zero, in the
+    dtype of ``self``. ``change_coordinate_frame`` and ``transpose_box`` must be False
+    (their exact semantics are not documented)."""
+    b, n, q, c, total, per_class = _check_batch_nms(self, scores, max_size_per_class, max_total_size,
+                                                    change_coordinate_frame, transpose_box)
     out_boxes = torch.zeros(b, total, 4, dtype=self.dtype)
     out_scores = torch.zeros(b, total, dtype=self.dtype)
     out_classes = torch.zeros(b, total, dtype=self.dtype)
     out_num = torch.zeros(b, dtype=torch.int32)
-    if _symbolic(self):
-        return (out_boxes.to(self.device), out_scores.to(self.device), out_classes.to(self.device),
-                out_num.to(self.device))
     boxes_h = self.detach().cpu().double()
     scores_h = scores.detach().cpu().double()
     for bi in range(b):
@@ -72,21 +85,29 @@ def npu_batch_nms(self, scores, score_threshold, iou_threshold, max_size_per_cla
     return out_boxes.to(dev), out_scores.to(dev), out_classes.to(dev), out_num.to(dev)
 
 
-@impl("npu_nms_with_mask")
+def _check_nms_with_mask(input):
+    check(input.dim() == 2 and input.size(1) >= 5, "npu_nms_with_mask",
+          "input must be (N, 5) or (N, 8) proposals, got %s" % (tuple(input.shape),))
+
+
+def _nms_with_mask_fake(input, iou_threshold):
+    _check_nms_with_mask(input)
+    n = input.size(0)
+    return (input.new_empty((n, 5)), input.new_empty((n,), dtype=torch.int32),
+            input.new_empty((n,), dtype=torch.uint8))
+
+
+@opaque("npu_nms_with_mask", fake=_nms_with_mask_fake)
 def npu_nms_with_mask(input, iou_threshold):
     """NMS over proposals in their given order (the caller sorts them by score, as the CANN
     kernel expects): ``input`` (N, 5+) rows ``x1, y1, x2, y2, score`` (the kernel's 8-column
     layout is accepted; columns past 5 are ignored). Proposal i is kept when its IoU with
     every previously kept proposal is ``<= iou_threshold``. Returns ``(selected_boxes (N, 5)
     = input[:, :5], selected_idx (N,) int32 = 0..N-1, selected_mask (N,) uint8, 1 = kept)``."""
-    op = "npu_nms_with_mask"
-    check(input.dim() == 2 and input.size(1) >= 5, op,
-          "input must be (N, 5) or (N, 8) proposals, got %s" % (tuple(input.shape),))
+    _check_nms_with_mask(input)
     n = input.size(0)
     boxes = input[:, :5].clone()
     idx = torch.arange(n, dtype=torch.int32, device=input.device)
-    if _symbolic(input):
-        return boxes, idx, torch.zeros(n, dtype=torch.uint8, device=input.device)
     iou = _pair_iou(input[:, :4].detach().cpu().double()).tolist()
     thr = float(iou_threshold)
     kept = []
@@ -96,3 +117,6 @@ def npu_nms_with_mask(input, iou_threshold):
             kept.append(i)
             mask[i] = 1
     return boxes, idx, torch.tensor(mask, dtype=torch.uint8).to(input.device)
+
+
+non_differentiable("npu_batch_nms", "npu_nms_with_mask")

@@ -1,11 +1,16 @@
-"""npu_roi_align: RoIAlign of Faster R-CNN (average of bilinear samples per output bin)."""
+"""npu_roi_align: RoIAlign of Faster R-CNN (average of bilinear samples per output bin).
+
+The RoI boxes are read on the host, so the op is registered opaque (one node under
+torch.compile, running this kernel at run time; the fake kernel gives the output shape).
+Its gradient in the features is that of the kernel's ATen math, recomputed in the backward
+(``_opaque_vjp``)."""
 import math
 
 import torch
 
 from torch_npu.op_plugin._common import acc, check
-from torch_npu.op_plugin._registry import impl
-from torch_npu.op_plugin.comm_matmul import _symbolic
+from torch_npu.op_plugin._opaque_vjp import recompute_autograd
+from torch_npu.op_plugin._registry import opaque
 
 __all__ = []
 
@@ -43,7 +48,20 @@ def _axis(start, size, pooled, grid, limit, device, dtype):
     return low, high, 1 - frac, frac, valid
 
 
-@impl("npu_roi_align")
+def _check_args(self, rois, pooled_height, pooled_width, sample_num, roi_end_mode):
+    op = "npu_roi_align"
+    check(self.dim() == 4, op, "features must be (B, C, H, W), got %s" % (tuple(self.shape),))
+    check(rois.dim() == 2 and rois.size(1) == 5, op, "rois must be (N, 5), got %s" % (tuple(rois.shape),))
+    check(roi_end_mode in (0, 1, 2, 3), op, "roi_end_mode must be 0, 1, 2 or 3, got %d" % roi_end_mode)
+    check(pooled_height > 0 and pooled_width > 0 and sample_num >= 0, op, "pooled sizes must be > 0, sample_num >= 0")
+
+
+def _roi_align_fake(self, rois, spatial_scale, pooled_height, pooled_width, sample_num, roi_end_mode):
+    _check_args(self, rois, pooled_height, pooled_width, sample_num, roi_end_mode)
+    return self.new_empty((rois.size(0), self.size(1), pooled_height, pooled_width))
+
+
+@opaque("npu_roi_align", fake=_roi_align_fake)
 def npu_roi_align(self, rois, spatial_scale, pooled_height, pooled_width, sample_num, roi_end_mode):
     """RoIAlign. ``self`` is (B, C, H, W); each row of ``rois`` (N, 5) is
     ``[batch_index, x1, y1, x2, y2]`` in image coordinates, mapped to the feature map by
@@ -54,13 +72,8 @@ def npu_roi_align(self, rois, spatial_scale, pooled_height, pooled_width, sample
     samples at the sub-cell centres; samples beyond one pixel outside the map count as 0.
     Output (N, C, pooled_height, pooled_width). Differentiable in ``self``."""
     op = "npu_roi_align"
-    check(self.dim() == 4, op, "features must be (B, C, H, W), got %s" % (tuple(self.shape),))
-    check(rois.dim() == 2 and rois.size(1) == 5, op, "rois must be (N, 5), got %s" % (tuple(rois.shape),))
-    check(roi_end_mode in (0, 1, 2, 3), op, "roi_end_mode must be 0, 1, 2 or 3, got %d" % roi_end_mode)
-    check(pooled_height > 0 and pooled_width > 0 and sample_num >= 0, op, "pooled sizes must be > 0, sample_num >= 0")
+    _check_args(self, rois, pooled_height, pooled_width, sample_num, roi_end_mode)
     b, c, h, w = self.shape
-    if _symbolic(self) or _symbolic(rois):
-        return self.new_empty((rois.size(0), c, pooled_height, pooled_width))
     feats = acc(self)
     dtype = feats.dtype if feats.dtype == torch.float64 else torch.float32
     outs = []
@@ -83,3 +96,6 @@ def npu_roi_align(self, rois, spatial_scale, pooled_height, pooled_width, sample
     if not outs:
         return self.new_empty((0, c, pooled_height, pooled_width))
     return torch.stack(outs).to(self.dtype)
+
+
+recompute_autograd("npu_roi_align", npu_roi_align)

@@ -7,16 +7,17 @@ adapter permutes them to the kernel's (B, 5, N)); output (B, N, K), ``out[b, n, 
 unrotated box); ``angle`` in degrees, counter-clockwise (established against the golden of
 torch_npu's own test, seed 1234). The boxes are rotated about their centres and intersected
 as convex polygons (Sutherland-Hodgman clipping) in float64 on the host; the result has the
-input dtype. Values are read on the host, so under Meta/FakeTensor only the shape comes back.
-No backward (the real ops have none).
+input dtype. Values are read on the host, so both ops are registered opaque (one node under
+torch.compile, running this host computation at run time); their fake kernels give the
+(B, N, K) shape. No backward (the real ops have none).
 """
 import math
 
 import torch
 
 from torch_npu.op_plugin._common import check
-from torch_npu.op_plugin._registry import impl
-from torch_npu.op_plugin.comm_matmul import _symbolic
+from torch_npu.op_plugin._opaque_vjp import non_differentiable
+from torch_npu.op_plugin._registry import opaque
 
 __all__ = []
 
@@ -78,32 +79,52 @@ def intersection_area(box_a, box_b, trans):
     return inter, area_a, area_b
 
 
-def _pairwise(op, boxes, query_boxes, trans, value):
+def _check_pair(op, boxes, query_boxes):
+    """The checks that need no values; returns the (B, N, K) output shape."""
     check(boxes.dim() == 3 and query_boxes.dim() == 3, op,
           "boxes and query_boxes must be 3-D (B, N, 5) / (B, K, 5), got %s and %s"
           % (tuple(boxes.shape), tuple(query_boxes.shape)))
     check(boxes.size(2) == 5 and query_boxes.size(2) == 5, op, "the last dimension must be 5 (box + angle)")
     check(boxes.size(0) == query_boxes.size(0), op, "batch sizes differ: %d and %d"
           % (boxes.size(0), query_boxes.size(0)))
-    b, n, k = boxes.size(0), boxes.size(1), query_boxes.size(1)
+    return boxes.size(0), boxes.size(1), query_boxes.size(1)
+
+
+def _pairwise(op, boxes, query_boxes, trans, value):
+    b, n, k = _check_pair(op, boxes, query_boxes)
     out = torch.zeros(b, n, k, dtype=torch.float64)
-    if not _symbolic(boxes):
-        a_host = boxes.detach().cpu().double().tolist()
-        q_host = query_boxes.detach().cpu().double().tolist()
-        for bi in range(b):
-            for ni in range(n):
-                for ki in range(k):
-                    out[bi, ni, ki] = value(*intersection_area(a_host[bi][ni], q_host[bi][ki], trans))
+    a_host = boxes.detach().cpu().double().tolist()
+    q_host = query_boxes.detach().cpu().double().tolist()
+    for bi in range(b):
+        for ni in range(n):
+            for ki in range(k):
+                out[bi, ni, ki] = value(*intersection_area(a_host[bi][ni], q_host[bi][ki], trans))
     return out.to(dtype=boxes.dtype, device=boxes.device)
 
 
-@impl("npu_rotated_overlaps")
+def _overlaps_fake(self, query_boxes, trans=False):
+    return self.new_empty(_check_pair("npu_rotated_overlaps", self, query_boxes))
+
+
+@opaque("npu_rotated_overlaps", fake=_overlaps_fake)
 def npu_rotated_overlaps(self, query_boxes, trans=False):
     """Intersection area of every (box, query box) pair of each batch: (B, N, K)."""
     return _pairwise("npu_rotated_overlaps", self, query_boxes, trans, lambda inter, a, q: inter)
 
 
-@impl("npu_rotated_iou")
+def _check_iou_modes(op, mode, is_cross):
+    if mode != 0:
+        _unsupported(op, "mode=%r (only mode=0 'iou')" % (mode,))
+    if not is_cross:
+        _unsupported(op, "is_cross=False")
+
+
+def _iou_fake(self, query_boxes, trans=False, mode=0, is_cross=True, v_threshold=0.0, e_threshold=0.0):
+    _check_iou_modes("npu_rotated_iou", mode, is_cross)
+    return self.new_empty(_check_pair("npu_rotated_iou", self, query_boxes))
+
+
+@opaque("npu_rotated_iou", fake=_iou_fake)
 def npu_rotated_iou(self, query_boxes, trans=False, mode=0, is_cross=True, v_threshold=0.0, e_threshold=0.0):
     """IoU ``inter / (area_a + area_q - inter)`` of every (box, query box) pair: (B, N, K).
 
@@ -113,12 +134,12 @@ def npu_rotated_iou(self, query_boxes, trans=False, mode=0, is_cross=True, v_thr
     area is the denominator is not documented for rotated boxes) and ``is_cross=False``
     (the one-to-one output layout is not documented) raise NotImplementedError."""
     op = "npu_rotated_iou"
-    if mode != 0:
-        _unsupported(op, "mode=%r (only mode=0 'iou')" % (mode,))
-    if not is_cross:
-        _unsupported(op, "is_cross=False")
+    _check_iou_modes(op, mode, is_cross)
 
     def iou(inter, a, q):
         union = a + q - inter
         return inter / union if union > 0 else 0.0
     return _pairwise(op, self, query_boxes, trans, iou)
+
+
+non_differentiable("npu_rotated_overlaps", "npu_rotated_iou")
