@@ -5,6 +5,12 @@ and npu tensors, in float32 and the documented low-precision dtypes; the not-emu
 the output shapes/dtypes the docs give (FakeTensorMode), and their real calls must still raise
 NotImplementedError naming the op.
 """
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+
 import pytest
 import torch
 import torch_npu  # noqa: F401
@@ -442,6 +448,76 @@ def test_moe_init_routing_v2_fake_and_errors():
         torch_npu.npu_moe_init_routing_v2(x, idx)
 
 
+# ----------------------------------------------------------------- AlltoAll + matmul on two ranks
+
+_COMM_WORKER = textwrap.dedent("""
+    import sys, torch, torch.distributed as dist
+    import torch_npu
+    me, port = int(sys.argv[1]), sys.argv[2]
+    torch.npu.set_device(me)
+    dist.init_process_group("hccl", init_method="tcp://127.0.0.1:" + port, rank=me, world_size=2)
+    hcom = dist.group.WORLD.group_name
+    W, BS, H, N = 2, 4, 3, 5
+    g = torch.Generator().manual_seed(3)
+    x1 = [torch.randn(BS, H, generator=g).half() for _ in range(W)]
+    x2 = [torch.randn(H * W, N, generator=g).half() for _ in range(W)]
+    bias = [torch.randn(N, generator=g).half() for _ in range(W)]
+    ok = []
+    # all_to_all_matmul: rows me*BS/W.. of every rank's x1, side by side, then @ x2 + bias of this rank
+    rows = BS // W
+    permuted = torch.cat([x1[s][me * rows:(me + 1) * rows].double() for s in range(W)], dim=1)
+    y_ref = permuted @ x2[me].double() + bias[me].double()
+    y, comm = torch_npu.npu_all_to_all_matmul(x1[me].npu(), x2[me].npu(), hcom, W, bias=bias[me].npu())
+    ok.append(y.device.type == "npu" and y.dtype == torch.float16 and tuple(y.shape) == (rows, N))
+    ok.append(torch.allclose(y.cpu().double(), y_ref, atol=1e-2, rtol=1e-2))
+    ok.append(torch.equal(comm.cpu().double(), permuted))
+    _, none = torch_npu.npu_all_to_all_matmul(x1[me].npu(), x2[me].npu(), hcom, W, all2all_out_flag=False)
+    ok.append(none is None)
+    # matmul_all_to_all: column block me of every rank's x1 @ x2 + bias, stacked by source rank
+    Nw = 4                                                   # the (H, Nw) weights' columns split into W blocks
+    w2 = [torch.randn(H, Nw, generator=g).half() for _ in range(W)]
+    b2 = [torch.randn(Nw, generator=g).half() for _ in range(W)]
+    cols = Nw // W
+    ref = torch.cat([(x1[s].double() @ w2[s].double() + b2[s].double()).half().double()[:, me * cols:(me + 1) * cols]
+                     for s in range(W)])
+    y = torch_npu.npu_matmul_all_to_all(x1[me].npu(), w2[me].npu(), hcom, W, bias=b2[me].npu())
+    ok.append(tuple(y.shape) == (W * BS, cols))
+    ok.append(torch.allclose(y.cpu().double(), ref, atol=1e-2, rtol=1e-2))
+    dist.destroy_process_group()
+    print("RESULT", ok)
+""")
+
+
+def test_all_to_all_matmul_two_ranks():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = str(sock.getsockname()[1])
+    procs = [subprocess.Popen([sys.executable, "-c", _COMM_WORKER, str(r), port], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=dict(os.environ)) for r in range(2)]
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err[-2000:]
+        assert "RESULT [True, True, True, True, True, True]" in out, out + err[-2000:]
+
+
+def test_all_to_all_matmul_fake_single_rank_and_errors():
+    with FakeTensorMode():
+        y, comm = torch_npu.npu_all_to_all_matmul(torch.empty(8, 3, dtype=BF16), torch.empty(12, 5, dtype=BF16),
+                                                  "g", 4)
+        assert (y.shape, comm.shape, y.dtype) == ((2, 5), (2, 12), BF16)
+        y = torch_npu.npu_matmul_all_to_all(torch.empty(8, 3).half(), torch.empty(3, 8).half(), "g", 2)
+        assert y.shape == (16, 4)
+    x1, x2 = torch.randn(4, 3).half(), torch.randn(6, 5).half()
+    with pytest.raises(RuntimeError, match="does not match the 1 rank"):
+        torch_npu.npu_all_to_all_matmul(x1, x2, "g", 2)
+    with pytest.raises(RuntimeError, match="world_size should be in"):
+        torch_npu.npu_all_to_all_matmul(x1, x2, "g", 3)
+    with pytest.raises(RuntimeError, match="bias must be torch.float32"):
+        torch_npu.npu_all_to_all_matmul(x1.bfloat16(), x2.bfloat16(), "g", 2, bias=torch.zeros(5).bfloat16())
+    with pytest.raises(NotImplementedError, match="comm_mode"):
+        torch_npu.npu_matmul_all_to_all(x1, torch.randn(3, 4).half(), "g", 2, comm_mode="aiv")
+
+
 # ----------------------------------------------------------------- grouped matmul add
 
 def _gmm_add_loop(y, x, w, ends):
@@ -768,11 +844,8 @@ META_CASES = [
                                          {"y_dtype": torch.float16, "gather_output": False, "amax_output": True}),
      [((16, 6), torch.float16), ((0,), I8), ((1,), F32)]),
     ("npu_quant_mm_reduce_scatter", lambda: ((E(8, 4), E(4, 6), "g", 2), {}), [((4, 6), torch.float16), None]),
-    ("npu_matmul_all_to_all", lambda: ((E(4, 8), E(8, 6), "g", 2), {}), [((8, 3), torch.float16)]),
     ("npu_quant_matmul_all_to_all", lambda: ((E(4, 8, dtype=I8), E(8, 6, dtype=I8), "g", 2), {}),
      [((8, 3), F32)]),
-    ("npu_all_to_all_matmul", lambda: ((E(8, 4), E(8, 6), "g", 2), {}), [((4, 6), torch.float16),
-                                                                        ((4, 8), torch.float16)]),
     ("npu_all_to_all_quant_matmul", lambda: ((E(8, 4), E(8, 6, dtype=I8), "g", 2),
                                              {"all2all_out_flag": False, "y_dtype": torch.bfloat16}),
      [((4, 6), BF16), None]),
@@ -840,9 +913,7 @@ def test_meta_inplace_returns_self(name):
 def test_meta_checks_and_unmapped_dtypes():
     with FakeTensorMode():
         with pytest.raises(RuntimeError, match="world_size should be in"):
-            npu.npu_matmul_all_to_all(E(4, 8), E(8, 6), "g", 3)
-        with pytest.raises(RuntimeError, match="divisible by world_size"):
-            npu.npu_all_to_all_matmul(E(6, 4), E(8, 6), "g", 4)
+            npu.npu_quant_mm_reduce_scatter(E(8, 4), E(4, 6), "g", 3)
         with pytest.raises(RuntimeError, match="y_dtype should be provided"):
             npu.npu_quant_mm_reduce_scatter(E(8, 4, dtype=I8), E(4, 6, dtype=I8), "g", 2)
         with pytest.raises(RuntimeError, match="K dim of a"):

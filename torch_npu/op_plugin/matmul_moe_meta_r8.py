@@ -219,15 +219,6 @@ def npu_quant_mm_reduce_scatter(self, x2, hcom, world_size, *, reduce_op='sum', 
     return y, amax
 
 
-@meta("npu_matmul_all_to_all")
-def npu_matmul_all_to_all(x1, x2, hcom, world_size, bias=None, all2all_axes=None, comm_mode=None):
-    op = "npu_matmul_all_to_all"
-    _check_world(op, world_size, (2, 4, 8, 16))
-    _check(x1.dim() == 2 and x2.dim() == 2, op, "x1 and x2 must be 2-D")
-    _check(x2.shape[1] % world_size == 0, op, "the N axis of x2 should be divisible by world_size")
-    return _empty((x1.shape[0] * world_size, x2.shape[1] // world_size), x1.dtype, x1)
-
-
 @meta("npu_quant_matmul_all_to_all")
 def npu_quant_matmul_all_to_all(x1, x2, hcom, world_size, bias=None, x1_scale=None, x2_scale=None,
                                 common_scale=None, x1_offset=None, x2_offset=None, x1_quant_mode=None,
@@ -240,19 +231,6 @@ def npu_quant_matmul_all_to_all(x1, x2, hcom, world_size, bias=None, x1_scale=No
     _check(x1.dim() == 2 and x2.dim() == 2, op, "x1 and x2 must be 2-D")
     return _empty((x1.shape[0] * world_size, x2.shape[1] // world_size),
                   _dtype(op, "y_dtype", y_dtype, torch.float32), x1)
-
-
-@meta("npu_all_to_all_matmul")
-def npu_all_to_all_matmul(x1, x2, hcom, world_size, bias=None, all2all_axes=None, all2all_out_flag=True,
-                          comm_mode=None):
-    op = "npu_all_to_all_matmul"
-    _check_world(op, world_size, (2, 4, 8, 16))
-    _check(x1.dim() == 2 and x2.dim() == 2, op, "x1 and x2 must be 2-D")
-    _check(x1.shape[0] % world_size == 0, op, "the x1 first axis should be divisible by world_size")
-    rows = x1.shape[0] // world_size
-    out = _empty((rows, x2.shape[1]), x1.dtype, x1)
-    comm = _empty((rows, x1.shape[1] * world_size), x1.dtype, x1) if all2all_out_flag else None
-    return out, comm
 
 
 @meta("npu_all_to_all_quant_matmul")
