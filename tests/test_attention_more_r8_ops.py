@@ -550,10 +550,6 @@ META_CASES = [
                                             initial_state=_r(3, 4, 32, 16, dtype=bf16),
                                             actual_seq_lengths=_r(3, dtype=i32), scale=0.25),
      [((10, 4, 32), bf16), ((3, 4, 32, 16), bf16)]),
-    ("npu_lightning_indexer_grad",
-     lambda: ops.npu_lightning_indexer_grad(_r(1, 4, 8, 64, dtype=bf16), _r(1, 6, 1, 64, dtype=bf16),
-                                            _r(1, 4, 1, 2), _r(1, 4, 1, 2, dtype=i32), _r(1, 4, 8, dtype=bf16)),
-     [((1, 4, 8, 64), bf16), ((1, 6, 1, 64), bf16), ((1, 4, 8), bf16)]),
     ("npu_sparse_flash_attention_grad",
      lambda: ops.npu_sparse_flash_attention_grad(_r(1, 4, 8, 512, dtype=bf16), _r(1, 6, 1, 512, dtype=bf16),
                                                  _r(1, 6, 1, 512, dtype=bf16), _r(1, 4, 1, 2, dtype=i32),
@@ -828,3 +824,78 @@ def test_mhc_pre_errors_and_fake():
     assert [tuple(t.shape) for t in res] == [(2, 5, 32), (2, 5, 8), (2, 5, 8, 8), (2, 5), (2, 5, 80), (2, 5, 8)]
     assert [tuple(t.shape) for t in grads] == [(2, 5, 8, 32), (80, 256), (3,), (80,), (8, 32)]
     assert grads[0].dtype == torch.bfloat16 and grads[1].dtype == torch.float32
+
+
+# ------------------------------------------------------------------ npu_lightning_indexer_grad
+
+def _indexer_grad_ref(q, k, dy, idx, w, key_start):
+    """Loops of the op-plugin golden: per token, key head, selected slot and query head of the group."""
+    tokens, n1, d = q.shape
+    n2 = k.shape[1]
+    grp = n1 // n2
+    dq, dk, dw = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(w)
+    for t in range(tokens):
+        for n in range(n2):
+            for s in range(idx.shape[-1]):
+                j = int(idx[t, n, s])
+                if j < 0:
+                    continue
+                row = key_start[t] + j
+                for h in range(n * grp, (n + 1) * grp):
+                    r = float(q[t, h] @ k[row, n])
+                    if r > 0:
+                        dq[t, h] += w[t, h] * dy[t, n, s] * k[row, n]
+                        dk[row, n] += w[t, h] * dy[t, n, s] * q[t, h]
+                        dw[t, h] += r * dy[t, n, s]
+    return dq, dk, dw
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_lightning_indexer_grad_bsnd(device):
+    gen = torch.Generator().manual_seed(20)
+    b, s1, s2, n1, n2, d, kk = 2, 3, 6, 4, 2, 8, 3
+    q, k = torch.randn(b, s1, n1, d, generator=gen), torch.randn(b, s2, n2, d, generator=gen)
+    w = torch.randn(b, s1, n1, generator=gen)
+    idx = torch.randint(0, s2, (b, s1, n2, kk), generator=gen, dtype=torch.int32)
+    idx[0, 1, 1, 2] = -1
+    idx[1, 2, 0, 0] = idx[1, 2, 0, 1]          # a key picked twice accumulates
+    dy = torch.randn(b, s1, n2, kk, generator=gen)
+    got = torch_npu.npu_lightning_indexer_grad(q.to(device), k.to(device), dy.to(device), idx.to(device),
+                                               w.to(device))
+    ref = _indexer_grad_ref(q.double().reshape(b * s1, n1, d), k.double().reshape(b * s2, n2, d),
+                            dy.double().reshape(b * s1, n2, kk), idx.reshape(b * s1, n2, kk),
+                            w.double().reshape(b * s1, n1), [bi * s2 for bi in range(b) for _ in range(s1)])
+    for g_, r_, shape in zip(got, ref, (q.shape, k.shape, w.shape)):
+        assert g_.shape == shape
+        _close(g_, r_.reshape(shape), 1e-5, 1e-5)
+
+
+@pytest.mark.parametrize("dtype,atol", [(torch.bfloat16, 6e-2), (torch.float16, 1e-2)])
+def test_lightning_indexer_grad_tnd_low_precision(dtype, atol):
+    gen = torch.Generator().manual_seed(21)
+    q, k = torch.randn(5, 4, 16, generator=gen).to(dtype), torch.randn(7, 1, 16, generator=gen).to(dtype)
+    w = torch.randn(5, 4, generator=gen).to(dtype)
+    idx = torch.tensor([[0, 1], [1, -1], [0, 2], [3, 1], [2, 2]], dtype=torch.int32)   # batches: q 2|3, k 3|4
+    dy = torch.randn(5, 2, generator=gen).to(dtype)
+    got = torch_npu.npu_lightning_indexer_grad(q.npu(), k.npu(), dy.npu(), idx.npu(), w.npu(),
+                                               torch.tensor([2, 5]), torch.tensor([3, 7]), layout="TND")
+    ref = _indexer_grad_ref(q.double(), k.double(), dy.double().unsqueeze(1), idx.unsqueeze(1), w.double(),
+                            [0, 0, 3, 3, 3])
+    assert [g_.dtype for g_ in got] == [dtype] * 3
+    for g_, r_ in zip(got, ref):
+        _close(g_, r_, atol, 2e-2)
+
+
+def test_lightning_indexer_grad_fake_and_errors():
+    with FakeTensorMode():
+        got = ops.npu_lightning_indexer_grad(torch.randn(1, 4, 8, 64).bfloat16(), torch.randn(1, 6, 1, 64).bfloat16(),
+                                             torch.randn(1, 4, 1, 2).bfloat16(),
+                                             torch.zeros(1, 4, 1, 2, dtype=torch.int32), torch.randn(1, 4, 8).bfloat16())
+    assert [tuple(t.shape) for t in got] == [(1, 4, 8, 64), (1, 6, 1, 64), (1, 4, 8)]
+    assert all(t.dtype == torch.bfloat16 for t in got)
+    with pytest.raises(RuntimeError, match="dy shape"):
+        torch_npu.npu_lightning_indexer_grad(torch.randn(1, 2, 2, 8), torch.randn(1, 3, 1, 8), torch.randn(1, 2, 3),
+                                             torch.zeros(1, 2, 2, dtype=torch.int32), torch.randn(1, 2, 2))
+    with pytest.raises(RuntimeError, match="actual_seq_lengths_query is required"):
+        torch_npu.npu_lightning_indexer_grad(torch.randn(2, 2, 8), torch.randn(3, 1, 8), torch.randn(2, 2),
+                                             torch.zeros(2, 2, dtype=torch.int32), torch.randn(2, 2), layout="TND")

@@ -86,15 +86,7 @@ def npu_chunk_gated_delta_rule_meta(query, key, value, *, beta=None, initial_sta
     return value.new_empty(tuple(value.shape), dtype=torch.bfloat16), torch.empty_like(initial_state)
 
 
-# ---------------------------------------------------------------- lightning indexer / sparse flash attention grads
-
-@meta("npu_lightning_indexer_grad")
-def npu_lightning_indexer_grad_meta(query, key, dy, sparse_indices, weights, actual_seq_lengths_query=None,
-                                    actual_seq_lengths_key=None, layout="BSND", sparse_mode=3, pre_tokens=_MAX64,
-                                    next_tokens=_MAX64):
-    """(d_query like query, d_key like key, d_weights like weights)."""
-    return torch.empty_like(query), torch.empty_like(key), torch.empty_like(weights)
-
+# ---------------------------------------------------------------- sparse flash attention grad
 
 @meta("npu_sparse_flash_attention_grad")
 def npu_sparse_flash_attention_grad_meta(query, key, value, sparse_indices, d_out, out, softmax_max, softmax_sum,
