@@ -483,6 +483,35 @@ _COMM_WORKER = textwrap.dedent("""
     y = torch_npu.npu_matmul_all_to_all(x1[me].npu(), w2[me].npu(), hcom, W, bias=b2[me].npu())
     ok.append(tuple(y.shape) == (W * BS, cols))
     ok.append(torch.allclose(y.cpu().double(), ref, atol=1e-2, rtol=1e-2))
+    # quant_mm_reduce_scatter, float16: sum over ranks of x1 @ x2 + bias, rank me keeps its row block
+    K, N2 = 6, 3
+    a = [torch.randn(BS, K, generator=g).half() for _ in range(W)]
+    b = [torch.randn(K, N2, generator=g).half() for _ in range(W)]
+    full = sum(a[s].double() @ b[s].double() for s in range(W))
+    y, amax = torch_npu.npu_quant_mm_reduce_scatter(a[me].npu(), b[me].npu(), hcom, W)
+    ok.append(amax is None and y.dtype == torch.float16 and tuple(y.shape) == (BS // W, N2))
+    ok.append(torch.allclose(y.cpu().double(), full[me * rows:(me + 1) * rows], atol=1e-2, rtol=1e-2))
+    # int8 per-token x per-channel: sum over ranks of (s1 * s2) * (x1 @ x2) + bias
+    qa = [torch.randint(-8, 8, (BS, K), generator=g, dtype=torch.int8) for _ in range(W)]
+    qb = [torch.randint(-8, 8, (K, N2), generator=g, dtype=torch.int8) for _ in range(W)]
+    s1 = [torch.rand(BS, 1, generator=g) for _ in range(W)]
+    s2 = [torch.rand(1, N2, generator=g) for _ in range(W)]
+    qbias = [torch.rand(N2, generator=g) for _ in range(W)]
+    qfull = sum(s1[s].double() * s2[s].double() * (qa[s].double() @ qb[s].double()) + qbias[s].double()
+                for s in range(W))
+    y, _ = torch_npu.npu_quant_mm_reduce_scatter(qa[me].npu(), qb[me].npu(), hcom, W, bias=qbias[me].npu(),
+                                                 x1_scale=s1[me].npu(), x2_scale=s2[me].npu(), y_dtype=torch.float32)
+    ok.append(y.dtype == torch.float32 and torch.allclose(y.cpu().double(), qfull[me * rows:(me + 1) * rows],
+                                                          atol=1e-4, rtol=1e-5))
+    # all_gather_quant_mm: the ranks' x1 stacked in rank order, @ x2 + bias
+    gathered_ref = torch.cat([a[s] for s in range(W)])
+    gbias = torch.randn(N2, generator=g).half()
+    y, gout, amax = torch_npu.npu_all_gather_quant_mm(a[me].npu(), b[me].npu(), hcom, W, bias=gbias.npu())
+    ok.append(amax is None and torch.equal(gout.cpu(), gathered_ref))
+    ok.append(torch.allclose(y.cpu().double(), gathered_ref.double() @ b[me].double() + gbias.double(),
+                             atol=1e-2, rtol=1e-2))
+    _, gout, _ = torch_npu.npu_all_gather_quant_mm(a[me].npu(), b[me].npu(), hcom, W, gather_output=False)
+    ok.append(tuple(gout.shape) == (0,))
     dist.destroy_process_group()
     print("RESULT", ok)
 """)
@@ -497,7 +526,26 @@ def test_all_to_all_matmul_two_ranks():
     for proc in procs:
         out, err = proc.communicate(timeout=120)
         assert proc.returncode == 0, err[-2000:]
-        assert "RESULT [True, True, True, True, True, True]" in out, out + err[-2000:]
+        assert "RESULT [" + ", ".join(["True"] * 12) + "]" in out, out + err[-2000:]
+
+
+def test_mc2_quant_ops_fake_and_errors():
+    with FakeTensorMode():
+        y, amax = torch_npu.npu_quant_mm_reduce_scatter(torch.empty(8, 4, dtype=I8), torch.empty(4, 6, dtype=I8), "g",
+                                                        4, y_dtype=torch.bfloat16)
+        assert (y.shape, y.dtype, amax) == ((2, 6), BF16, None)
+        y, gout, _ = torch_npu.npu_all_gather_quant_mm(torch.empty(3, 4).half(), torch.empty(4, 5).half(), "g", 8)
+        assert (y.shape, gout.shape) == ((24, 5), (24, 4))
+    x1, x2 = torch.randn(4, 3).half(), torch.randn(3, 5).half()
+    with pytest.raises(NotImplementedError, match="amax_output=True"):
+        torch_npu.npu_quant_mm_reduce_scatter(x1, x2, "g", 2, amax_output=True)
+    with pytest.raises(NotImplementedError, match="float8_e4m3fn inputs"):
+        torch_npu.npu_all_gather_quant_mm(x1.to(torch.float8_e4m3fn), x2.to(torch.float8_e4m3fn), "g", 2,
+                                          y_dtype=torch.float16)
+    with pytest.raises(RuntimeError, match="y_dtype is required"):
+        torch_npu.npu_quant_mm_reduce_scatter(x1.to(I8), x2.to(I8), "g", 2)
+    with pytest.raises(RuntimeError, match="does not match the 1 rank"):
+        torch_npu.npu_quant_mm_reduce_scatter(x1, x2, "g", 2)
 
 
 def test_all_to_all_matmul_fake_single_rank_and_errors():
@@ -838,12 +886,6 @@ META_CASES = [
     ("npu_grouped_matmul_swiglu_quant_v2", lambda: ((E(10, 8, dtype=I8), [E(2, 8, 12, dtype=I8)],
                                                      [E(2, 12, dtype=F32)], E(10, dtype=F32), E(2, dtype=I64)), {}),
      [((10, 6), I8), ((10,), F32)]),
-    ("npu_all_gather_quant_mm", lambda: ((E(4, 8, dtype=BF16), E(8, 6, dtype=BF16), "g", 2), {}),
-     [((8, 6), BF16), ((8, 8), BF16), None]),
-    ("npu_all_gather_quant_mm", lambda: ((E(4, 8, dtype=I8), E(8, 6, dtype=I8), "g", 4),
-                                         {"y_dtype": torch.float16, "gather_output": False, "amax_output": True}),
-     [((16, 6), torch.float16), ((0,), I8), ((1,), F32)]),
-    ("npu_quant_mm_reduce_scatter", lambda: ((E(8, 4), E(4, 6), "g", 2), {}), [((4, 6), torch.float16), None]),
     ("npu_quant_matmul_all_to_all", lambda: ((E(4, 8, dtype=I8), E(8, 6, dtype=I8), "g", 2), {}),
      [((8, 3), F32)]),
     ("npu_all_to_all_quant_matmul", lambda: ((E(8, 4), E(8, 6, dtype=I8), "g", 2),
@@ -913,9 +955,7 @@ def test_meta_inplace_returns_self(name):
 def test_meta_checks_and_unmapped_dtypes():
     with FakeTensorMode():
         with pytest.raises(RuntimeError, match="world_size should be in"):
-            npu.npu_quant_mm_reduce_scatter(E(8, 4), E(4, 6), "g", 3)
-        with pytest.raises(RuntimeError, match="y_dtype should be provided"):
-            npu.npu_quant_mm_reduce_scatter(E(8, 4, dtype=I8), E(4, 6, dtype=I8), "g", 2)
+            npu.npu_all_to_all_quant_matmul(E(8, 4), E(8, 6, dtype=I8), "g", 3)
         with pytest.raises(RuntimeError, match="K dim of a"):
             npu._npu_matmul_abft_verify(E(4, 8), E(7, 3), E(4, 3), E(3))
     # on plain meta tensors the NotImplementedError itself surfaces (FakeTensor wraps it)

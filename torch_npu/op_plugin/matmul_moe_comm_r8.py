@@ -1,4 +1,5 @@
-"""AlltoAll + matmul fusions (non-quantised), on the hcom process group.
+"""Collective + matmul fusions on the hcom process group: AlltoAll + matmul (both orders),
+npu_quant_mm_reduce_scatter and npu_all_gather_quant_mm (their non-MX paths).
 
 From the torch_npu docs (``rankSize`` = ``world_size``, 2, 4, 8 or 16 ranks):
 
@@ -13,8 +14,22 @@ From the torch_npu docs (``rankSize`` = ``world_size``, 2, 4, 8 or 16 ranks):
 
 float16 / bfloat16 (bias float16 / float32 respectively), matmul in float32, outputs in x1's dtype
 (``computeOut`` is rounded to it before the exchange). ``all2all_axes`` may be None/[] or the single
-documented value; ``comm_mode`` raises NotImplementedError. Registered opaque (the exchange runs on
-real tensors; the fake kernel gives the shapes) and non-differentiable (no backward is documented).
+documented value; ``comm_mode`` raises NotImplementedError.
+
+* ``npu_quant_mm_reduce_scatter`` (2-64 ranks): ``y = ReduceScatter(x1 @ x2 + bias)`` for float16 /
+  bfloat16 (y in their dtype), ``ReduceScatter((x1_scale * x2_scale) * (x1 @ x2) + bias)`` for int8
+  with per-token ``x1_scale (m, 1)`` / per-channel ``x2_scale (1, n)`` float32 scales (``y_dtype``
+  required); rank r keeps rows ``[r*m/ws, (r+1)*m/ws)``. Summed in float32, rounded once.
+* ``npu_all_gather_quant_mm`` (2-64 ranks, float16/bfloat16): ``gather_out = AllGather(x1)`` (rank
+  order), ``y = gather_out @ x2 + bias``; ``gather_out`` is an empty ``(0,)`` tensor without
+  ``gather_output``.
+
+For both: ``amax_output`` is documented as False only (the amax output is None); float8 /
+hifloat8 / float4 / int4 inputs, int64 (packed) scales, ``quant_scale``, ``block_size``,
+``group_sizes``, ``comm_turn`` and the ``*_dtype`` overrides raise NotImplementedError; ``comm_mode``
+("aiv", "ai_cpu", "ccu") only picks the communication engine and is accepted.
+Registered opaque (the exchange runs on real tensors; the fake kernel gives the shapes) and
+non-differentiable (no backward is documented).
 """
 import torch
 import torch.distributed as dist
@@ -110,4 +125,141 @@ def npu_matmul_all_to_all(*args, **kwargs):
     return _matmul_all_to_all(False, *args, **kwargs)
 
 
-non_differentiable("npu_all_to_all_matmul", "npu_matmul_all_to_all")
+_SCATTER_WORLDS = (2, 4, 8, 16, 32, 64)
+_COMM_MODES = (None, "aiv", "ai_cpu", "ccu")
+
+
+def _check_mc2_options(op, world_size, quant_scale, block_size, comm_turn, group_sizes, amax_output, comm_mode,
+                       dtype_overrides):
+    check(world_size in _SCATTER_WORLDS, op, "world_size should be in %s, got %d" % (list(_SCATTER_WORLDS), world_size))
+    check(comm_mode in _COMM_MODES, op, "comm_mode must be one of %s, got %r" % (list(_COMM_MODES), comm_mode))
+    unsupported = [name for name, value in dtype_overrides if value is not None]
+    if quant_scale is not None:
+        unsupported.append("quant_scale")
+    if block_size != 0:
+        unsupported.append("block_size=%d" % block_size)
+    if comm_turn != 0:
+        unsupported.append("comm_turn=%d" % comm_turn)
+    if group_sizes is not None and any(group_sizes):
+        unsupported.append("group_sizes=%s" % list(group_sizes))
+    if amax_output:
+        unsupported.append("amax_output=True (documented as False only)")
+    if unsupported:
+        raise NotImplementedError("%s: %s not supported on the CPU-emulated NPU" % (op, ", ".join(unsupported)))
+
+
+def _y_dtype(op, x1, y_dtype):
+    from torch_npu.op_plugin.matmul_moe_meta_r8 import _dtype
+    if x1.dtype in (torch.float16, torch.bfloat16):
+        dt = _dtype(op, "y_dtype", y_dtype, x1.dtype)
+        check(dt == x1.dtype, op, "when input is float16 or bfloat16, y_dtype must equal it, got %s" % dt)
+        return dt
+    check(y_dtype is not None, op, "y_dtype is required when x1 is %s" % x1.dtype)
+    dt = _dtype(op, "y_dtype", y_dtype, None)
+    check(dt in (torch.float16, torch.bfloat16, torch.float32), op, "y_dtype must be float16, bfloat16 or float32")
+    return dt
+
+
+def _quant_mm_reduce_scatter(shapes_only, self, x2, hcom, world_size, *, reduce_op='sum', bias=None, x1_scale=None,
+                             x2_scale=None, quant_scale=None, block_size=0, comm_turn=0, group_sizes=None,
+                             amax_output=False, y_dtype=None, x1_dtype=None, x2_dtype=None, x1_scale_dtype=None,
+                             x2_scale_dtype=None, comm_mode=None):
+    op = "npu_quant_mm_reduce_scatter"
+    x1 = self
+    _check_mc2_options(op, world_size, quant_scale, block_size, comm_turn, group_sizes, amax_output, comm_mode,
+                       (("x1_dtype", x1_dtype), ("x2_dtype", x2_dtype), ("x1_scale_dtype", x1_scale_dtype),
+                        ("x2_scale_dtype", x2_scale_dtype)))
+    check(reduce_op == "sum", op, "reduce_op must be 'sum', got %r" % (reduce_op,))
+    check(x1.dim() == 2 and x2.dim() == 2, op, "x1 and x2 must be 2-D")
+    check(x1.shape[1] == x2.shape[0], op, "the K axes of x1 (%d) and x2 (%d) must be equal" % (x1.shape[1], x2.shape[0]))
+    m, n = x1.shape[0], x2.shape[1]
+    check(m % world_size == 0, op, "the M axis of x1 (%d) must be divisible by world_size" % m)
+    check(x2.dtype == x1.dtype, op, "x1 and x2 must have the same dtype, got %s and %s" % (x1.dtype, x2.dtype))
+    out_dtype = _y_dtype(op, x1, y_dtype)
+    if x1.dtype in (torch.float16, torch.bfloat16):
+        check(x1_scale is None and x2_scale is None, op, "x1_scale / x2_scale must be None for %s inputs" % x1.dtype)
+        if bias is not None:
+            check(bias.dtype in (x1.dtype, torch.float32), op, "bias must be %s or float32" % x1.dtype)
+    elif x1.dtype == torch.int8:
+        for name, scale, shape in (("x1_scale", x1_scale, (m, 1)), ("x2_scale", x2_scale, (1, n))):
+            if scale is not None:
+                if scale.dtype == torch.int64:
+                    raise NotImplementedError("%s: int64 (packed) %s is not supported on the CPU-emulated NPU"
+                                              % (op, name))
+                check(scale.dtype == torch.float32 and tuple(scale.shape) == shape, op,
+                      "%s must be float32 %s" % (name, shape))
+    else:
+        raise NotImplementedError("%s: %s inputs are not supported on the CPU-emulated NPU" % (op, x1.dtype))
+    if bias is not None:
+        check(bias.dim() == 1 and bias.shape[0] == n, op, "bias must be 1-D with %d entries" % n)
+    if shapes_only:
+        return x1.new_empty((m // world_size, n), dtype=out_dtype), None
+    if x1.dtype == torch.int8:
+        local = torch.matmul(x1.double(), x2.double())            # exact integer products
+        for scale in (x1_scale, x2_scale):
+            if scale is not None:
+                local = local * scale.double()
+        local = local.float()
+    else:
+        local = torch.matmul(x1.float(), x2.float())
+    if bias is not None:
+        local = local + bias.float()
+    group = _world(op, hcom, world_size)
+    out = local.new_empty((m // world_size, n))
+    dist.reduce_scatter_tensor(out, local.contiguous(), op=dist.ReduceOp.SUM, group=group)
+    return out.to(out_dtype), None
+
+
+def _all_gather_quant_mm(shapes_only, self, x2, hcom, world_size, *, bias=None, x1_scale=None, x2_scale=None,
+                         quant_scale=None, block_size=0, gather_index=0, gather_output=True, comm_turn=0,
+                         group_sizes=None, amax_output=False, y_dtype=None, x1_dtype=None, x2_dtype=None,
+                         x1_scale_dtype=None, x2_scale_dtype=None, comm_mode=None):
+    op = "npu_all_gather_quant_mm"
+    x1 = self
+    _check_mc2_options(op, world_size, quant_scale, block_size, comm_turn, group_sizes, amax_output, comm_mode,
+                       (("x1_dtype", x1_dtype), ("x2_dtype", x2_dtype), ("x1_scale_dtype", x1_scale_dtype),
+                        ("x2_scale_dtype", x2_scale_dtype)))
+    check(gather_index == 0, op, "gather_index must be 0 (gather x1), got %d" % gather_index)
+    check(x1.dim() == 2 and x2.dim() == 2, op, "x1 and x2 must be 2-D")
+    check(x1.shape[1] == x2.shape[0], op, "the K axes of x1 (%d) and x2 (%d) must be equal" % (x1.shape[1], x2.shape[0]))
+    if x1.dtype not in (torch.float16, torch.bfloat16):
+        raise NotImplementedError("%s: %s inputs (quantised scenarios) are not supported on the CPU-emulated NPU"
+                                  % (op, x1.dtype))
+    check(x2.dtype == x1.dtype, op, "x1 and x2 must have the same dtype, got %s and %s" % (x1.dtype, x2.dtype))
+    check(x1_scale is None and x2_scale is None, op, "x1_scale / x2_scale must be None for %s inputs" % x1.dtype)
+    out_dtype = _y_dtype(op, x1, y_dtype)
+    m, k = x1.shape
+    n = x2.shape[1]
+    if bias is not None:
+        check(bias.dim() == 1 and bias.shape[0] == n and bias.dtype == x1.dtype, op,
+              "bias must be 1-D %s with %d entries" % (x1.dtype, n))
+    if shapes_only:
+        gather_out = x1.new_empty((m * world_size, k)) if gather_output else x1.new_empty((0,))
+        return x1.new_empty((m * world_size, n), dtype=out_dtype), gather_out, None
+    group = _world(op, hcom, world_size)
+    gathered = x1.new_empty((m * world_size, k))
+    dist.all_gather_into_tensor(gathered, x1.contiguous(), group=group)
+    y = _matmul(gathered, x2, bias, out_dtype)
+    return y, gathered if gather_output else x1.new_empty((0,)), None
+
+
+def _quant_mm_reduce_scatter_fake(*args, **kwargs):
+    return _quant_mm_reduce_scatter(True, *args, **kwargs)
+
+
+@opaque("npu_quant_mm_reduce_scatter", fake=_quant_mm_reduce_scatter_fake)
+def npu_quant_mm_reduce_scatter(*args, **kwargs):
+    return _quant_mm_reduce_scatter(False, *args, **kwargs)
+
+
+def _all_gather_quant_mm_fake(*args, **kwargs):
+    return _all_gather_quant_mm(True, *args, **kwargs)
+
+
+@opaque("npu_all_gather_quant_mm", fake=_all_gather_quant_mm_fake)
+def npu_all_gather_quant_mm(*args, **kwargs):
+    return _all_gather_quant_mm(False, *args, **kwargs)
+
+
+non_differentiable("npu_all_to_all_matmul", "npu_matmul_all_to_all", "npu_quant_mm_reduce_scatter",
+                   "npu_all_gather_quant_mm")

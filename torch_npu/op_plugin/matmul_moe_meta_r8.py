@@ -175,50 +175,6 @@ def _check_world(op, world_size, allowed):
            % (list(allowed), world_size))
 
 
-def _comm_y_dtype(op, x1, y_dtype):
-    """fp16/bf16 inputs: y keeps their dtype (a different y_dtype is an error); others need y_dtype."""
-    if x1.dtype in (torch.float16, torch.bfloat16):
-        dt = _dtype(op, "y_dtype", y_dtype, x1.dtype)
-        _check(dt == x1.dtype, op, "when input is float16 or bfloat16, output should be the same as input dtype")
-        return dt
-    _check(y_dtype is not None, op, "y_dtype should be provided when input dtype is not bf16 or fp16")
-    return _dtype(op, "y_dtype", y_dtype, None)
-
-
-@meta("npu_all_gather_quant_mm")
-def npu_all_gather_quant_mm(self, x2, hcom, world_size, *, bias=None, x1_scale=None, x2_scale=None, quant_scale=None,
-                            block_size=0, gather_index=0, gather_output=True, comm_turn=0, group_sizes=None,
-                            amax_output=False, y_dtype=None, x1_dtype=None, x2_dtype=None, x1_scale_dtype=None,
-                            x2_scale_dtype=None, comm_mode=None):
-    op = "npu_all_gather_quant_mm"
-    _check_world(op, world_size, (2, 4, 8, 16, 32, 64))
-    y_rows = self.shape[0] * world_size if gather_index == 0 else self.shape[0]
-    gathered = self if gather_index == 0 else x2
-    y = _empty((y_rows, x2.shape[1]), _comm_y_dtype(op, gathered, y_dtype), self)
-    if gather_output:
-        gather_out = _empty((gathered.shape[0] * world_size, gathered.shape[1]), gathered.dtype, self)
-    else:
-        gather_out = _empty((0,), self.dtype, self)
-    amax = _empty((1,), torch.float32, self) if amax_output else None
-    return y, gather_out, amax
-
-
-@meta("npu_quant_mm_reduce_scatter")
-def npu_quant_mm_reduce_scatter(self, x2, hcom, world_size, *, reduce_op='sum', bias=None, x1_scale=None,
-                                x2_scale=None, quant_scale=None, block_size=0, comm_turn=0, group_sizes=None,
-                                amax_output=False, y_dtype=None, x1_dtype=None, x2_dtype=None, x1_scale_dtype=None,
-                                x2_scale_dtype=None, comm_mode=None):
-    op = "npu_quant_mm_reduce_scatter"
-    _check_world(op, world_size, (2, 4, 8, 16, 32, 64))
-    _check(self.dim() == 2 and x2.dim() == 2, op, "both inputs of mm are required to be 2D")
-    _check(self.shape[1] == x2.shape[0], op, "the K-axis of x1 (%d) and x2 (%d) must be equal"
-           % (self.shape[1], x2.shape[0]))
-    _check(self.shape[0] % world_size == 0, op, "the M-axis of x1 should be divisible by world_size")
-    y = _empty((self.shape[0] // world_size, x2.shape[1]), _comm_y_dtype(op, self, y_dtype), self)
-    amax = _empty((1,), torch.float32, self) if amax_output else None
-    return y, amax
-
-
 @meta("npu_quant_matmul_all_to_all")
 def npu_quant_matmul_all_to_all(x1, x2, hcom, world_size, bias=None, x1_scale=None, x2_scale=None,
                                 common_scale=None, x1_offset=None, x2_offset=None, x1_quant_mode=None,
