@@ -14,6 +14,10 @@ token ``first + num_accepted_tokens[i] - 1``) and for every token t:
 as in the op-plugin golden. Computed in float32 (float64 stays float64); ``o`` has the
 value's dtype, the state keeps its dtype. ``gk`` (per-key-channel decay) is not emulated:
 its formula is not in the docs.
+
+The functional op is registered opaque (lengths, slots and accepted counts are read on the
+host; gradients recompute the kernel, ``_opaque_vjp``); the in-place op calls it and copies
+the new state, so both compile to one node (plus the traced copy).
 """
 import torch
 

@@ -15,6 +15,10 @@ kernel's tie order is not documented); slots past the valid keys hold -1, as do 
 ``return_value=True`` raises NotImplementedError: the docs give sparse_values an int32
 dtype for a float score, so what it holds is not established; with False the second output
 is an empty tensor. ``pre_tokens``/``next_tokens`` only take their default (as documented).
+
+Both ops are registered opaque (``_registry.opaque``): the selection depends on the scores'
+values and lengths / block tables are read on the host, so under torch.compile each stays one
+graph node running its kernel; the fake kernels give the shapes after the value-free checks.
 """
 import torch
 

@@ -16,6 +16,9 @@ selected key and rows past ``actual_seq_lengths_query`` output zeros.
 [B, N2, S1, N1/N2] ([N2, T1, N1/N2] for TND) of the scaled, masked logits; else both are
 empty tensors. Computed in float32 (float64 stays float64). pre/next_tokens take only their
 documented default.
+
+Registered opaque (lengths and block tables are read on the host): one node under
+torch.compile; gradients come from recomputing the kernel in the backward (``_opaque_vjp``).
 """
 import torch
 
