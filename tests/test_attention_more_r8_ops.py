@@ -527,23 +527,6 @@ def _r(*shape, dtype=f32):
 
 
 META_CASES = [
-    ("npu_fused_infer_attention_score_v2",
-     lambda: ops.npu_fused_infer_attention_score_v2(_r(2, 4, 3, 16, dtype=f16), _r(2, 1, 9, 16, dtype=f16),
-                                                    _r(2, 1, 9, 8, dtype=f16), num_query_heads=4,
-                                                    num_key_value_heads=1, input_layout="BNSD_BSND",
-                                                    return_softmax_lse=True),
-     [((2, 3, 4, 8), f16), ((2, 4, 3, 1), f32)]),
-    ("npu_fused_infer_attention_score_v2",
-     lambda: ops.npu_fused_infer_attention_score_v2(_r(5, 4, 16, dtype=bf16), _r(9, 2, 16, dtype=bf16),
-                                                    _r(9, 2, 16, dtype=bf16), num_query_heads=4,
-                                                    num_key_value_heads=2, input_layout="TND"),
-     [((5, 4, 16), bf16), ((0,), f32)]),
-    ("npu_fused_infer_attention_score_v2.out",
-     lambda: ops.npu_fused_infer_attention_score_v2.out(_r(2, 3, 32, dtype=f16), _r(2, 9, 32, dtype=f16),
-                                                        _r(2, 9, 32, dtype=f16), num_query_heads=4,
-                                                        attention_out=_r(2, 3, 32, dtype=f16),
-                                                        softmax_lse=_r(0)),
-     [((2, 3, 32), f16), ((0,), f32)]),
     ("npu_chunk_gated_delta_rule",
      lambda: ops.npu_chunk_gated_delta_rule(_r(10, 2, 16, dtype=bf16), _r(10, 2, 16, dtype=bf16),
                                             _r(10, 4, 32, dtype=bf16), beta=_r(10, 4, dtype=bf16),
@@ -899,3 +882,62 @@ def test_lightning_indexer_grad_fake_and_errors():
     with pytest.raises(RuntimeError, match="actual_seq_lengths_query is required"):
         torch_npu.npu_lightning_indexer_grad(torch.randn(2, 2, 8), torch.randn(3, 1, 8), torch.randn(2, 2),
                                              torch.zeros(2, 2, dtype=torch.int32), torch.randn(2, 2), layout="TND")
+
+
+# ------------------------------------------------------------------ npu_fused_infer_attention_score_v2 (+ .out)
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fused_infer_attention_score_v2_gqa_bnsd_and_bsh(device):
+    torch.manual_seed(22)
+    q, k, v = torch.randn(2, 4, 3, 8), torch.randn(2, 2, 6, 8), torch.randn(2, 2, 6, 8)
+    kr, vr = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)
+    s = torch.matmul(q.double(), kr.double().transpose(-1, -2)) * 0.35
+    ref = torch.matmul(torch.softmax(s, -1), vr.double())
+    out, lse = torch_npu.npu_fused_infer_attention_score_v2(
+        q.to(device), k.to(device), v.to(device), num_query_heads=4, num_key_value_heads=2, softmax_scale=0.35,
+        input_layout="BNSD", return_softmax_lse=True)
+    _close(out, ref, 1e-5, 1e-5)
+    _close(lse, torch.logsumexp(s, -1, keepdim=True), 1e-5, 1e-5)
+    bsh = lambda t: t.transpose(1, 2).reshape(t.shape[0], t.shape[2], -1)  # noqa: E731
+    out_bsh, lse_empty = torch_npu.npu_fused_infer_attention_score_v2(
+        bsh(q).to(device), bsh(k).to(device), bsh(v).to(device), num_query_heads=4, num_key_value_heads=2,
+        softmax_scale=0.35)
+    _close(out_bsh, bsh(ref), 1e-5, 1e-5)
+    assert lse_empty.shape == (0,)
+    buf_out, buf_lse = torch.empty(0, device=device), torch.empty(0, device=device)
+    got = torch.ops.npu.npu_fused_infer_attention_score_v2.out(
+        q.to(device), k.to(device), v.to(device), num_query_heads=4, num_key_value_heads=2, softmax_scale=0.35,
+        input_layout="BNSD", return_softmax_lse=True, attention_out=buf_out, softmax_lse=buf_lse)
+    assert got[0] is buf_out and buf_out.shape == (2, 4, 3, 8)
+    _close(buf_out, ref, 1e-5, 1e-5)
+
+
+@pytest.mark.parametrize("dtype,atol", [(torch.float16, 3e-3), (torch.bfloat16, 3e-2)])
+def test_fused_infer_attention_score_v2_low_precision_and_fake(dtype, atol):
+    torch.manual_seed(23)
+    q, k = torch.randn(1, 2, 2, 16).to(dtype), torch.randn(1, 2, 5, 16).to(dtype)
+    ref = torch.matmul(torch.softmax(torch.matmul(q.double(), k.double().transpose(-1, -2)) * 0.25, -1), k.double())
+    out, _ = torch_npu.npu_fused_infer_attention_score_v2(q, k, k, num_query_heads=2, softmax_scale=0.25,
+                                                          input_layout="BNSD")
+    assert out.dtype == dtype
+    _close(out, ref, atol, 1e-2)
+    with FakeTensorMode():
+        fq = torch.randn(2, 4, 3, 16).to(dtype)
+        fout, flse = ops.npu_fused_infer_attention_score_v2(fq, torch.randn(2, 1, 9, 16).to(dtype),
+                                                            torch.randn(2, 1, 9, 16).to(dtype), num_query_heads=4,
+                                                            num_key_value_heads=1, input_layout="BNSD",
+                                                            return_softmax_lse=True)
+    assert fout.shape == (2, 4, 3, 16) and fout.dtype == dtype and flse.shape == (2, 4, 3, 1)
+
+
+def test_fused_infer_attention_score_v2_not_emulated_arguments():
+    q = torch.randn(1, 2, 2, 16)
+    with pytest.raises(NotImplementedError, match="quant_scale_out"):
+        torch_npu.npu_fused_infer_attention_score_v2(q, q, q, num_query_heads=2, input_layout="BNSD",
+                                                     quant_scale_out=torch.ones(1))
+    with pytest.raises(NotImplementedError, match="learnable_sink"):
+        torch_npu.npu_fused_infer_attention_score_v2(q, q, q, num_query_heads=2, input_layout="BNSD",
+                                                     learnable_sink=torch.ones(2))
+    with pytest.raises(NotImplementedError, match="key_quant_mode"):
+        torch_npu.npu_fused_infer_attention_score_v2(q, q, q, num_query_heads=2, input_layout="BNSD",
+                                                     key_quant_mode=1)

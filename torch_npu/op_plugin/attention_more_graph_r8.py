@@ -302,3 +302,77 @@ def _npu_fused_infer_attention_score_v2_infer_output(query, value, *, query_dtyp
                                              num_key_value_heads)
     lse = query.new_empty(lse_shape if return_softmax_lse else (0,), dtype=torch.float32)
     return query.new_empty(out_shape, dtype=fia_v2_output_dtype(query, quant_scale_out, query_rope)), lse
+
+
+# ---------------------------------------------------------------- npu_fused_infer_attention_score_v2
+
+_V2_QUANT_ARGS = ("dequant_scale_query", "dequant_scale_key", "dequant_offset_key", "dequant_scale_value",
+                  "dequant_offset_value", "dequant_scale_key_rope", "quant_scale_out", "quant_offset_out",
+                  "quant_scale_p", "learnable_sink")
+_V2_DTYPE_ARGS = ("query_dtype", "key_dtype", "value_dtype", "query_rope_dtype", "key_rope_dtype",
+                  "key_shared_prefix_dtype", "value_shared_prefix_dtype", "dequant_scale_query_dtype",
+                  "dequant_scale_key_dtype", "dequant_scale_value_dtype", "dequant_scale_key_rope_dtype", "out_dtype")
+
+
+def _fia_v2(args):
+    """v2 is v1 with renamed arguments (num_query_heads = num_heads, softmax_scale = scale,
+    actual_seq_qlen / _kvlen = actual_seq_lengths / _kv, return_softmax_lse = softmax_lse_flag);
+    its (de)quantisation inputs, learnable_sink and dtype codes are not emulated."""
+    op = "npu_fused_infer_attention_score_v2"
+    for name in _V2_QUANT_ARGS:
+        if args[name] is not None:
+            raise NotImplementedError("%s: argument %s is not emulated on the CPU-emulated NPU" % (op, name))
+    _no_dtype_codes(op, **{name: args[name] for name in _V2_DTYPE_ARGS})
+    for name in ("query_quant_mode", "key_quant_mode", "value_quant_mode"):
+        if args[name] != 0:
+            raise NotImplementedError("%s: %s=%r is not emulated" % (op, name, args[name]))
+    return torch.ops.npu.npu_fused_infer_attention_score.default(
+        args["query"], args["key"], args["value"], pse_shift=args["pse_shift"], atten_mask=args["atten_mask"],
+        actual_seq_lengths=args["actual_seq_qlen"], actual_seq_lengths_kv=args["actual_seq_kvlen"],
+        block_table=args["block_table"], query_rope=args["query_rope"], key_rope=args["key_rope"],
+        num_heads=args["num_query_heads"], scale=args["softmax_scale"], pre_tokens=args["pre_tokens"],
+        next_tokens=args["next_tokens"], input_layout=args["input_layout"],
+        num_key_value_heads=args["num_key_value_heads"], sparse_mode=args["sparse_mode"],
+        inner_precise=args["inner_precise"], block_size=args["block_size"],
+        softmax_lse_flag=args["return_softmax_lse"])
+
+
+@impl("npu_fused_infer_attention_score_v2")
+def npu_fused_infer_attention_score_v2(query, key, value, *, query_rope=None, key_rope=None, pse_shift=None,
+                                       atten_mask=None, actual_seq_qlen=None, actual_seq_kvlen=None, block_table=None,
+                                       dequant_scale_query=None, dequant_scale_key=None, dequant_offset_key=None,
+                                       dequant_scale_value=None, dequant_offset_value=None,
+                                       dequant_scale_key_rope=None, quant_scale_out=None, quant_offset_out=None,
+                                       quant_scale_p=None, learnable_sink=None, num_query_heads=1,
+                                       num_key_value_heads=0, softmax_scale=1.0, pre_tokens=_MAX, next_tokens=_MAX,
+                                       input_layout="BSH", sparse_mode=0, block_size=0, query_quant_mode=0,
+                                       key_quant_mode=0, value_quant_mode=0, inner_precise=0,
+                                       return_softmax_lse=False, query_dtype=None, key_dtype=None, value_dtype=None,
+                                       query_rope_dtype=None, key_rope_dtype=None, key_shared_prefix_dtype=None,
+                                       value_shared_prefix_dtype=None, dequant_scale_query_dtype=None,
+                                       dequant_scale_key_dtype=None, dequant_scale_value_dtype=None,
+                                       dequant_scale_key_rope_dtype=None, out_dtype=None):
+    """The emulated npu_fused_infer_attention_score under v2's argument names (see _fia_v2):
+    (attention_out, softmax_lse)."""
+    return _fia_v2(locals())
+
+
+@impl("npu_fused_infer_attention_score_v2.out")
+def npu_fused_infer_attention_score_v2_out(query, key, value, *, query_rope=None, key_rope=None, pse_shift=None,
+                                           atten_mask=None, actual_seq_qlen=None, actual_seq_kvlen=None,
+                                           block_table=None, dequant_scale_query=None, dequant_scale_key=None,
+                                           dequant_offset_key=None, dequant_scale_value=None,
+                                           dequant_offset_value=None, dequant_scale_key_rope=None,
+                                           quant_scale_out=None, quant_offset_out=None, quant_scale_p=None,
+                                           learnable_sink=None, num_query_heads=1, num_key_value_heads=0,
+                                           softmax_scale=1.0, pre_tokens=_MAX, next_tokens=_MAX, input_layout="BSH",
+                                           sparse_mode=0, block_size=0, query_quant_mode=0, key_quant_mode=0,
+                                           value_quant_mode=0, inner_precise=0, return_softmax_lse=False,
+                                           query_dtype=None, key_dtype=None, value_dtype=None, query_rope_dtype=None,
+                                           key_rope_dtype=None, key_shared_prefix_dtype=None,
+                                           value_shared_prefix_dtype=None, dequant_scale_query_dtype=None,
+                                           dequant_scale_key_dtype=None, dequant_scale_value_dtype=None,
+                                           dequant_scale_key_rope_dtype=None, out_dtype=None, workspace=None,
+                                           attention_out, softmax_lse):
+    out, lse = _fia_v2(locals())
+    return _copy_out(attention_out, out), _copy_out(softmax_lse, lse)

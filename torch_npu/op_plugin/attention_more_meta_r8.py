@@ -9,65 +9,11 @@ import torch
 
 from torch_npu.op_plugin._common import check
 from torch_npu.op_plugin._registry import meta
-from torch_npu.op_plugin.attention_more_graph_r8 import _no_dtype_codes, fia_output_shapes, fia_v2_output_dtype
 
 __all__ = []
 
 _MAX = 2147483647
 _MAX64 = 9223372036854775807
-
-
-# ---------------------------------------------------------------- npu_fused_infer_attention_score_v2
-
-@meta("npu_fused_infer_attention_score_v2")
-def npu_fused_infer_attention_score_v2_meta(query, key, value, *, query_rope=None, key_rope=None, pse_shift=None,
-                                            atten_mask=None, actual_seq_qlen=None, actual_seq_kvlen=None,
-                                            block_table=None, dequant_scale_query=None, dequant_scale_key=None,
-                                            dequant_offset_key=None, dequant_scale_value=None,
-                                            dequant_offset_value=None, dequant_scale_key_rope=None,
-                                            quant_scale_out=None, quant_offset_out=None, quant_scale_p=None,
-                                            learnable_sink=None, num_query_heads=1, num_key_value_heads=0,
-                                            softmax_scale=1.0, pre_tokens=_MAX, next_tokens=_MAX, input_layout="BSH",
-                                            sparse_mode=0, block_size=0, query_quant_mode=0, key_quant_mode=0,
-                                            value_quant_mode=0, inner_precise=0, return_softmax_lse=False,
-                                            query_dtype=None, key_dtype=None, value_dtype=None, query_rope_dtype=None,
-                                            key_rope_dtype=None, key_shared_prefix_dtype=None,
-                                            value_shared_prefix_dtype=None, dequant_scale_query_dtype=None,
-                                            dequant_scale_key_dtype=None, dequant_scale_value_dtype=None,
-                                            dequant_scale_key_rope_dtype=None, out_dtype=None):
-    """attention_out in the output layout of ``input_layout`` (e.g. BNSD_BSND -> BSND) with
-    value's head dim; int8 with quant_scale_out, query_rope's dtype (else float16) for int8 /
-    float8 queries, else query's dtype. softmax_lse float32 [B, N, S1, 1] ([T, N, 1] for TND)
-    with return_softmax_lse, else [0]. torch_npu dtype codes (query_dtype, out_dtype, ...) raise
-    NotImplementedError."""
-    op = "npu_fused_infer_attention_score_v2"
-    _no_dtype_codes(op, query_dtype=query_dtype, value_dtype=value_dtype, out_dtype=out_dtype)
-    out_shape, lse_shape = fia_output_shapes(op, query, value, input_layout, block_table, num_query_heads,
-                                             num_key_value_heads)
-    lse = query.new_empty(lse_shape if return_softmax_lse else (0,), dtype=torch.float32)
-    return query.new_empty(out_shape, dtype=fia_v2_output_dtype(query, quant_scale_out, query_rope)), lse
-
-
-@meta("npu_fused_infer_attention_score_v2.out")
-def npu_fused_infer_attention_score_v2_out_meta(query, key, value, *, query_rope=None, key_rope=None,
-                                                pse_shift=None, atten_mask=None, actual_seq_qlen=None,
-                                                actual_seq_kvlen=None, block_table=None, dequant_scale_query=None,
-                                                dequant_scale_key=None, dequant_offset_key=None,
-                                                dequant_scale_value=None, dequant_offset_value=None,
-                                                dequant_scale_key_rope=None, quant_scale_out=None,
-                                                quant_offset_out=None, quant_scale_p=None, learnable_sink=None,
-                                                num_query_heads=1, num_key_value_heads=0, softmax_scale=1.0,
-                                                pre_tokens=_MAX, next_tokens=_MAX, input_layout="BSH", sparse_mode=0,
-                                                block_size=0, query_quant_mode=0, key_quant_mode=0,
-                                                value_quant_mode=0, inner_precise=0, return_softmax_lse=False,
-                                                query_dtype=None, key_dtype=None, value_dtype=None,
-                                                query_rope_dtype=None, key_rope_dtype=None,
-                                                key_shared_prefix_dtype=None, value_shared_prefix_dtype=None,
-                                                dequant_scale_query_dtype=None, dequant_scale_key_dtype=None,
-                                                dequant_scale_value_dtype=None, dequant_scale_key_rope_dtype=None,
-                                                out_dtype=None, workspace=None, attention_out, softmax_lse):
-    """Writes into (and returns) ``attention_out`` / ``softmax_lse``; their shapes are the caller's."""
-    return attention_out, softmax_lse
 
 
 # ---------------------------------------------------------------- chunk gated delta rule
