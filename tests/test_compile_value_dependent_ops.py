@@ -18,14 +18,16 @@ def rand(shape, seed, dtype=torch.float32, scale=1.0):
     return (torch.randn(shape, generator=g, dtype=torch.float64) * scale).to(dtype)
 
 
-def graph_recorder(graphs):
-    """aot_eager that keeps the forward graphs it was given."""
+def graph_recorder(graphs, bw_graphs=None):
+    """aot_eager that keeps the forward (and backward) graphs it was given."""
     from functorch.compile import make_boxed_func
 
-    def keep(gm, example_inputs):
-        graphs.append(gm)
-        return make_boxed_func(gm.forward)
-    return aot_autograd(fw_compiler=keep, bw_compiler=make_boxed_func)
+    def keeper(store):
+        def keep(gm, example_inputs):
+            store.append(gm)
+            return make_boxed_func(gm.forward)
+        return keep
+    return aot_autograd(fw_compiler=keeper(graphs), bw_compiler=keeper([] if bw_graphs is None else bw_graphs))
 
 
 def compile_as_node(fn, op, *args):
@@ -266,10 +268,13 @@ def test_roi_align_forward_grad_and_inductor():
     eager.pow(2).sum().backward()
     want = feat.grad
     feat.grad = None
-    got = torch.compile(fn, backend="aot_eager")(feat, rois)
+    fw, bw = [], []  # training compiles to one graph each way: npu_roi_align forward, npu_roi_alignbk backward
+    got = torch.compile(fn, backend=graph_recorder(fw, bw), fullgraph=True)(feat, rois)
     torch.testing.assert_close(got, eager, rtol=0, atol=0)
     got.pow(2).sum().backward()
     torch.testing.assert_close(feat.grad, want, rtol=1e-6, atol=1e-6)
+    assert any(n.target is torch.ops.npu.npu_roi_align.default for n in fw[0].graph.nodes)
+    assert any(n.target is torch.ops.npu.npu_roi_alignbk.default for n in bw[0].graph.nodes)
     with torch.no_grad():
         assert_same(compile_as_node(fn, "npu_roi_align", feat, rois), eager.detach())
         torch.testing.assert_close(torch.compile(fn, backend="inductor")(feat, rois), eager.detach(),

@@ -2,15 +2,14 @@
 
 The RoI boxes are read on the host, so the op is registered opaque (one node under
 torch.compile, running this kernel at run time; the fake kernel gives the output shape).
-Its gradient in the features is that of the kernel's ATen math, recomputed in the backward
-(``_opaque_vjp``)."""
+Its gradient in the features is npu_roi_alignbk (RoIAlign's adjoint, itself opaque), so a
+compiled training step keeps both directions as single graph nodes; the boxes get none."""
 import math
 
 import torch
 
 from torch_npu.op_plugin._common import acc, check
-from torch_npu.op_plugin._opaque_vjp import recompute_autograd
-from torch_npu.op_plugin._registry import opaque
+from torch_npu.op_plugin._registry import _library, opaque
 
 __all__ = []
 
@@ -98,4 +97,20 @@ def npu_roi_align(self, rois, spatial_scale, pooled_height, pooled_width, sample
     return torch.stack(outs).to(self.dtype)
 
 
-recompute_autograd("npu_roi_align", npu_roi_align)
+def _setup_context(ctx, inputs, output):
+    self, rois, spatial_scale, pooled_height, pooled_width, sample_num, roi_end_mode = inputs
+    ctx.save_for_backward(rois)
+    ctx.args = (list(self.shape), pooled_width, pooled_height, spatial_scale, sample_num, roi_end_mode)
+
+
+def _backward(ctx, grad):
+    rois, = ctx.saved_tensors
+    if not ctx.needs_input_grad[0]:
+        return None, None, None, None, None, None, None
+    xdiff_shape, pooled_width, pooled_height, spatial_scale, sample_num, mode = ctx.args
+    dx = torch.ops.npu.npu_roi_alignbk(grad.contiguous(), rois, xdiff_shape, pooled_width, pooled_height,
+                                       spatial_scale, sample_num, mode)
+    return dx, None, None, None, None, None, None
+
+
+torch.library.register_autograd("npu::npu_roi_align", _backward, setup_context=_setup_context, lib=_library())
