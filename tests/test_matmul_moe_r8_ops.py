@@ -566,6 +566,71 @@ def test_all_to_all_matmul_fake_single_rank_and_errors():
         torch_npu.npu_matmul_all_to_all(x1, torch.randn(3, 4).half(), "g", 2, comm_mode="aiv")
 
 
+# ----------------------------------------------------------------- grouped matmul + swiglu + quant
+
+def _gmm_swiglu_reference(x, w, w_scale, x_scale, ends):
+    m, n = x.shape[0], w.shape[2]
+    q = torch.zeros(m, n // 2, dtype=torch.int8)
+    qs = torch.zeros(m)
+    start = 0
+    for e, end in enumerate(ends):
+        for r in range(start, end):
+            acc = (x[r].long().unsqueeze(1) * w[e].long()).sum(0).float()     # exact int products
+            c = acc * w_scale[e].float() * x_scale[r]
+            act, gate = c[:n // 2], c[n // 2:]
+            s = act / (1 + torch.exp(-act)) * gate
+            qs[r] = s.abs().max() / 127
+            q[r] = torch.round(s / qs[r]).to(torch.int8)
+        start = end
+    return q, qs
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("nz_view", [False, True])
+def test_grouped_matmul_swiglu_quant(device, nz_view):
+    e, m, k, n = 3, 9, 32, 64
+    x = torch.randint(-20, 20, (m, k), dtype=torch.int8)
+    w = torch.randint(-20, 20, (e, k, n), dtype=torch.int8)
+    w_scale = torch.rand(e, n) * 0.01
+    x_scale = torch.rand(m) * 0.1
+    ends = [3, 3, 7]                                      # an empty group; rows 7, 8 are outside every group
+    gl = torch.tensor(ends)
+    weight = w.reshape(e, n // 32, k // 16, 16, 32) if nz_view else w
+    q, qs, offset = torch_npu.npu_grouped_matmul_swiglu_quant(x.to(device), weight.to(device), gl.to(device),
+                                                              w_scale.to(device), x_scale.to(device))
+    eq, eqs = _gmm_swiglu_reference(x, w, w_scale, x_scale, ends)
+    assert q.dtype == torch.int8 and q.shape == (m, n // 2) and q.device.type == device
+    assert offset.shape == () and offset.dtype == torch.float32
+    torch.testing.assert_close(qs.cpu(), eqs, rtol=1e-5, atol=1e-7)
+    assert (q.cpu().int() - eq.int()).abs().max() <= 1      # float32 rounding may move a tie by one step
+    counts = torch.tensor([3, 0, 4])
+    q2, qs2 = torch_npu.npu_grouped_matmul_swiglu_quant_v2(x.to(device), [weight.to(device)], [w_scale.to(device)],
+                                                           x_scale.to(device), counts.to(device), group_list_type=1)
+    assert torch.equal(q2.cpu(), q.cpu()) and torch.equal(qs2.cpu(), qs.cpu())
+
+
+def test_grouped_matmul_swiglu_quant_fake_and_errors():
+    with FakeTensorMode():
+        q, qs, off = torch_npu.npu_grouped_matmul_swiglu_quant(
+            torch.empty(10, 32, dtype=I8), torch.empty(2, 2, 2, 16, 32, dtype=I8), torch.empty(2, dtype=I64),
+            torch.empty(2, 64), torch.empty(10))
+        assert (q.shape, q.dtype, qs.shape, off.shape) == ((10, 32), I8, (10,), ())
+        q, qs = torch_npu.npu_grouped_matmul_swiglu_quant_v2(torch.empty(10, 8, dtype=I8),
+                                                            [torch.empty(2, 8, 12, dtype=I8)], [torch.empty(2, 12)],
+                                                            torch.empty(10), torch.empty(2, dtype=I64))
+        assert (q.shape, qs.shape) == ((10, 6), (10,))
+    x, w = torch.zeros(4, 16, dtype=I8), torch.zeros(2, 16, 8, dtype=I8)
+    ws, xs, gl = torch.ones(2, 8), torch.ones(4), torch.tensor([2, 4])
+    with pytest.raises(NotImplementedError, match="int32 weight"):
+        torch_npu.npu_grouped_matmul_swiglu_quant(x, w.int(), gl, ws, xs)
+    with pytest.raises(NotImplementedError, match="int64 weight_scale"):
+        torch_npu.npu_grouped_matmul_swiglu_quant(x, w, gl, ws.long(), xs)
+    with pytest.raises(NotImplementedError, match="smooth_scale"):
+        torch_npu.npu_grouped_matmul_swiglu_quant_v2(x, [w], [ws], xs, gl, smooth_scale=torch.ones(2))
+    with pytest.raises(RuntimeError, match="weight_scale must be"):
+        torch_npu.npu_grouped_matmul_swiglu_quant(x, w, gl, torch.ones(2, 6), xs)
+
+
 # ----------------------------------------------------------------- grouped matmul add
 
 def _gmm_add_loop(y, x, w, ends):
@@ -880,12 +945,6 @@ META_CASES = [
                                                    E(2, dtype=I64)), {}), [((4, 6), torch.float16)]),
     ("_npu_matmul_abft_verify", lambda: ((E(17, 8), E(8, 300), E(17, 300, dtype=F32), E(300)), {}),
      [((3 * 2,), U8)]),
-    ("npu_grouped_matmul_swiglu_quant", lambda: ((E(10, 8, dtype=I8), E(2, 8, 12, dtype=I8), E(2, dtype=I64),
-                                                  E(2, 12, dtype=F32), E(10, dtype=F32)), {}),
-     [((10, 6), I8), ((10,), F32), ((), F32)]),
-    ("npu_grouped_matmul_swiglu_quant_v2", lambda: ((E(10, 8, dtype=I8), [E(2, 8, 12, dtype=I8)],
-                                                     [E(2, 12, dtype=F32)], E(10, dtype=F32), E(2, dtype=I64)), {}),
-     [((10, 6), I8), ((10,), F32)]),
     ("npu_quant_matmul_all_to_all", lambda: ((E(4, 8, dtype=I8), E(8, 6, dtype=I8), "g", 2), {}),
      [((8, 3), F32)]),
     ("npu_all_to_all_quant_matmul", lambda: ((E(8, 4), E(8, 6, dtype=I8), "g", 2),

@@ -139,35 +139,6 @@ def _npu_matmul_abft_verify(a, b, c, checksum_weight, *, e_max=0.001):
     return _empty((row_bytes * segments,), torch.uint8, a)
 
 
-# ----------------------------------------------------------------- grouped matmul + swiglu + quant
-
-@meta("npu_grouped_matmul_swiglu_quant")
-def npu_grouped_matmul_swiglu_quant(x, weight, group_list, weight_scale, x_scale, *, bias=None, offset=None):
-    op = "npu_grouped_matmul_swiglu_quant"
-    _check(x.dim() == 2 and weight.dim() == 3, op, "x must be 2-D and weight 3-D (E, K, N)")
-    n = weight.shape[2]
-    return (_empty((x.shape[0], n // 2), torch.int8, x), _empty((x.shape[0],), torch.float32, x),
-            _empty((), torch.float32, x))
-
-
-@meta("npu_grouped_matmul_swiglu_quant_v2")
-def npu_grouped_matmul_swiglu_quant_v2(x, weight, weight_scale, x_scale, group_list, *, smooth_scale=None,
-                                       weight_assist_matrix=None, bias=None, dequant_mode=0, dequant_dtype=6,
-                                       quant_mode=0, quant_dtype=1, group_list_type=0, tuning_config=None,
-                                       x_dtype=None, weight_dtype=None, weight_scale_dtype=None,
-                                       x_scale_dtype=None):
-    op = "npu_grouped_matmul_swiglu_quant_v2"
-    _check(len(weight) == 1 and len(weight_scale) == 1, op, "weight and weight_scale must be lists of length 1")
-    _check(x.dim() == 2, op, "x must be 2-D (M, K), got %dD" % x.dim())
-    w = weight[0]
-    if w.dim() == 3:        # ND (E, K, N); int32 packs eight int4 along N
-        n = w.shape[2] * (_INT4_PER_INT32 if w.dtype == torch.int32 else 1)
-    else:                   # FRACTAL_NZ (E, N/32, K/16, 16, 32)
-        _check(w.dim() == 5, op, "weight must be 3-D (ND) or 5-D (FRACTAL_NZ), got %dD" % w.dim())
-        n = w.shape[1] * w.shape[4]
-    return _empty((x.shape[0], n // 2), torch.int8, x), _empty((x.shape[0],), torch.float32, x)
-
-
 # ----------------------------------------------------------------- communication + matmul
 
 def _check_world(op, world_size, allowed):
