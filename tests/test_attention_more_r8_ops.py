@@ -527,12 +527,6 @@ def _r(*shape, dtype=f32):
 
 
 META_CASES = [
-    ("npu_chunk_gated_delta_rule",
-     lambda: ops.npu_chunk_gated_delta_rule(_r(10, 2, 16, dtype=bf16), _r(10, 2, 16, dtype=bf16),
-                                            _r(10, 4, 32, dtype=bf16), beta=_r(10, 4, dtype=bf16),
-                                            initial_state=_r(3, 4, 32, 16, dtype=bf16),
-                                            actual_seq_lengths=_r(3, dtype=i32), scale=0.25),
-     [((10, 4, 32), bf16), ((3, 4, 32, 16), bf16)]),
     ("npu_sparse_flash_attention_grad",
      lambda: ops.npu_sparse_flash_attention_grad(_r(1, 4, 8, 512, dtype=bf16), _r(1, 6, 1, 512, dtype=bf16),
                                                  _r(1, 6, 1, 512, dtype=bf16), _r(1, 4, 1, 2, dtype=i32),
@@ -941,3 +935,61 @@ def test_fused_infer_attention_score_v2_not_emulated_arguments():
     with pytest.raises(NotImplementedError, match="key_quant_mode"):
         torch_npu.npu_fused_infer_attention_score_v2(q, q, q, num_query_heads=2, input_layout="BNSD",
                                                      key_quant_mode=1)
+
+
+# ------------------------------------------------------------------ npu_chunk_gated_delta_rule
+
+def _gdr_ref(q, k, v, beta, state, lengths, scale, g):
+    """Documented recurrence in float64, token by token."""
+    t_total, nk, dk = q.shape
+    nv, dv = v.shape[1], v.shape[2]
+    out = torch.zeros(t_total, nv, dv, dtype=torch.float64)
+    finals, start = [], 0
+    for b, length in enumerate(lengths):
+        s = state[b].double().clone()
+        for t in range(start, start + length):
+            for h in range(nv):
+                kh, qh = k[t, h // (nv // nk)].double(), q[t, h // (nv // nk)].double()
+                a = math.exp(float(g[t, h])) if g is not None else 1.0
+                s[h] = a * s[h] + float(beta[t, h]) * torch.outer(v[t, h].double() - a * s[h] @ kh, kh)
+                out[t, h] = s[h] @ (qh * scale)
+        finals.append(s)
+        start += length
+    return out, torch.stack(finals)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("with_g,state_dtype", [(True, torch.float32), (False, torch.bfloat16)])
+def test_chunk_gated_delta_rule(device, with_g, state_dtype):
+    gen = torch.Generator().manual_seed(24)
+    lengths, nk, nv, dk, dv = [3, 0, 4], 1, 2, 8, 4
+    t_total = sum(lengths)
+    q = torch.nn.functional.normalize(torch.randn(t_total, nk, dk, generator=gen), dim=-1).bfloat16()
+    k = torch.nn.functional.normalize(torch.randn(t_total, nk, dk, generator=gen), dim=-1).bfloat16()
+    v = torch.randn(t_total, nv, dv, generator=gen).bfloat16()
+    beta = torch.rand(t_total, nv, generator=gen).bfloat16()
+    g = -torch.rand(t_total, nv, generator=gen) if with_g else None
+    state = torch.randn(3, nv, dv, dk, generator=gen).to(state_dtype)
+    o, final = torch_npu.npu_chunk_gated_delta_rule(
+        q.to(device), k.to(device), v.to(device), beta=beta.to(device), initial_state=state.to(device),
+        actual_seq_lengths=torch.tensor(lengths, dtype=torch.int32).to(device), scale=dk ** -0.5,
+        g=None if g is None else g.to(device))
+    r_o, r_final = _gdr_ref(q, k, v, beta, state, lengths, dk ** -0.5, g)
+    assert o.shape == (t_total, nv, dv) and o.dtype == torch.bfloat16
+    assert final.shape == state.shape and final.dtype == state_dtype
+    _close(o, r_o, 3e-2, 2e-2)
+    _close(final, r_final, 3e-2 if state_dtype == torch.bfloat16 else 1e-4, 2e-2)
+
+
+def test_chunk_gated_delta_rule_errors():
+    x = torch.zeros(4, 1, 8, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="sum to T=4"):
+        torch_npu.npu_chunk_gated_delta_rule(x, x, torch.zeros(4, 1, 4, dtype=torch.bfloat16),
+                                             beta=torch.zeros(4, 1, dtype=torch.bfloat16),
+                                             initial_state=torch.zeros(1, 1, 4, 8),
+                                             actual_seq_lengths=torch.tensor([3], dtype=torch.int32), scale=1.0)
+    with pytest.raises(RuntimeError, match="query dtype must be bfloat16"):
+        torch_npu.npu_chunk_gated_delta_rule(x.float(), x.float(), torch.zeros(4, 1, 4, dtype=torch.bfloat16),
+                                             beta=torch.zeros(4, 1, dtype=torch.bfloat16),
+                                             initial_state=torch.zeros(1, 1, 4, 8),
+                                             actual_seq_lengths=torch.tensor([4], dtype=torch.int32), scale=1.0)

@@ -16,22 +16,6 @@ _MAX = 2147483647
 _MAX64 = 9223372036854775807
 
 
-# ---------------------------------------------------------------- chunk gated delta rule
-
-@meta("npu_chunk_gated_delta_rule")
-def npu_chunk_gated_delta_rule_meta(query, key, value, *, beta=None, initial_state=None, actual_seq_lengths=None,
-                                    scale=None, g=None):
-    """(out [T, Nv, Dv] bfloat16, final_state like initial_state), as op-plugin allocates them;
-    beta, initial_state, actual_seq_lengths and scale are required."""
-    op = "npu_chunk_gated_delta_rule"
-    check(value.dim() == 3, op, "value dim should be 3, got %d" % value.dim())
-    check(beta is not None, op, "beta cannot be empty")
-    check(initial_state is not None, op, "initial_state cannot be empty")
-    check(actual_seq_lengths is not None, op, "actual_seq_lengths cannot be empty")
-    check(scale is not None, op, "scale cannot be empty")
-    return value.new_empty(tuple(value.shape), dtype=torch.bfloat16), torch.empty_like(initial_state)
-
-
 # ---------------------------------------------------------------- sparse flash attention grad
 
 @meta("npu_sparse_flash_attention_grad")
