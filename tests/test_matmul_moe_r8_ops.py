@@ -631,6 +631,34 @@ def test_grouped_matmul_swiglu_quant_fake_and_errors():
         torch_npu.npu_grouped_matmul_swiglu_quant(x, w, gl, torch.ones(2, 6), xs)
 
 
+# ----------------------------------------------------------------- re-routing after the AlltoAll
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.int8, torch.float16, torch.bfloat16])
+def test_moe_re_routing(device, dtype):
+    counts = torch.tensor([[2, 0, 1], [1, 3, 2]], dtype=torch.int32)       # (rank, expert)
+    a, h = int(counts.sum()), 4
+    tokens = torch.randint(-50, 50, (a, h)).to(dtype)
+    scales = torch.rand(a)
+    # rank-major blocks -> expert-major blocks, each block keeping its order
+    src, start = {}, 0
+    for i in range(2):
+        for j in range(3):
+            src[(i, j)] = list(range(start, start + int(counts[i, j])))
+            start += int(counts[i, j])
+    order = [row for j in range(3) for i in range(2) for row in src[(i, j)]]
+    pt, ps, idx, num = torch_npu.npu_moe_re_routing(tokens.to(device), counts.to(device),
+                                                    per_token_scales=scales.to(device))
+    assert idx.dtype == torch.int32 and idx.cpu().tolist() == order
+    assert torch.equal(pt.cpu(), tokens[order]) and torch.equal(ps.cpu(), scales[order])
+    assert num.dtype == torch.int32 and num.cpu().tolist() == [3, 3, 3]
+    with FakeTensorMode():
+        outs = torch_npu.npu_moe_re_routing(torch.empty(9, 4, dtype=I8), torch.empty(2, 3, dtype=I32))
+        assert [(tuple(o.shape), o.dtype) for o in outs] == [((9, 4), I8), ((9,), F32), ((9,), I32), ((3,), I32)]
+    with pytest.raises(NotImplementedError, match="idx_type=1"):
+        torch_npu.npu_moe_re_routing(tokens, counts, idx_type=1)
+
+
 # ----------------------------------------------------------------- grouped matmul add
 
 def _gmm_add_loop(y, x, w, ends):
@@ -957,9 +985,6 @@ META_CASES = [
                                             {"drop_pad_mode": 1, "expert_capacity": 3, "expert_num": 4,
                                              "expert_tokens_before_capacity_flag": True, "quant_mode": 0}),
      [((4, 3, 4), I8), ((12,), I32), None, ((4,), I32), None]),
-    ("npu_moe_re_routing", lambda: ((E(9, 4, dtype=I8), E(2, 3, dtype=I32)), {}),
-     [((9, 4), I8), ((9,), F32), ((9,), I32), ((3,), I32)]),
-    # ep 4 ranks, 8 experts, bs 3, k 2: 2 local experts, a = 12 * min(2, 2) = 24
     ("npu_moe_distribute_dispatch", lambda: ((E(3, 16, dtype=BF16), E(3, 2, dtype=I32), "ep", 4, 1, 8), {}),
      [((24, 16), BF16), ((24,), F32), ((6,), I32), ((2,), I64), ((8,), I32), ((0,), I32), ((0,), F32)]),
     # one shared-expert rank (rank 0): it receives global_bs / 1 = 12 rows, one local expert

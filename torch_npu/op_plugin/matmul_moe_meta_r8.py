@@ -207,18 +207,6 @@ def npu_moe_init_routing_quant(x, expert_idx, *, scale=None, offset=None, active
     return expanded_x, expanded_row_idx, counts, before_capacity, expanded_scale
 
 
-@meta("npu_moe_re_routing")
-def npu_moe_re_routing(tokens, expert_token_num_per_rank, *, per_token_scales=None, expert_token_num_type=1,
-                       idx_type=0, tokens_dtype=None):
-    n = tokens.shape[0]
-    if per_token_scales is None:
-        scales = _empty((n,), torch.float32, tokens)
-    else:
-        scales = _empty(per_token_scales.shape, per_token_scales.dtype, tokens)
-    return (torch.empty_like(tokens), scales, _empty((n,), torch.int32, tokens),
-            _empty((expert_token_num_per_rank.shape[1],), expert_token_num_per_rank.dtype, tokens))
-
-
 # ----------------------------------------------------------------- MoE distribute (expert parallel)
 
 def _dispatch_sizes(x, expert_ids, ep_world_size, ep_rank_id, moe_expert_num, expert_shard_type,
