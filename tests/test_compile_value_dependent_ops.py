@@ -123,7 +123,7 @@ def test_sparse_flash_attention_forward_and_grad(with_lengths):
         assert_same(compile_as_node(fn, "npu_sparse_flash_attention", q, k), [t.detach() for t in eager])
 
 
-def test_sparse_flash_attention_fake_and_double_grad():
+def test_recomputed_backward_fake_and_double_grad():
     with FakeTensorMode():
         o, m, s = torch_npu.npu_sparse_flash_attention(torch.empty(6, 4, 32), torch.empty(9, 1, 32),
                                                        torch.empty(9, 1, 16), torch.empty(6, 1, 8, dtype=torch.int32),
@@ -135,8 +135,14 @@ def test_sparse_flash_attention_fake_and_double_grad():
     k = rand((1, 5, 1, 4), 21, torch.float64).requires_grad_()
     sinks = rand((2,), 22, torch.float64).requires_grad_()
     idx = torch.tensor([[[[0, 3, 4, -1]], [[2, 1, -1, -1]]]], dtype=torch.int32)
-    torch.autograd.gradcheck(lambda a, b, c: torch_npu.npu_sparse_flash_attention(a, b, b, idx, 0.5, sinks=c)[0],
-                             (q, k, sinks))
+    fn = lambda a, b, c: torch_npu.npu_sparse_flash_attention(a, b, b, idx, 0.5, sinks=c)[0]  # noqa: E731
+    torch.autograd.gradcheck(fn, (q, k, sinks))
+    torch.autograd.gradgradcheck(fn, (q, k, sinks))  # create_graph: the recomputed gradient is differentiable
+    st = rand((3, 2, 3, 4), 23, torch.float64)
+    qd, vd = rand((3, 1, 4), 24, torch.float64).requires_grad_(), rand((3, 2, 3), 25, torch.float64).requires_grad_()
+    kd = torch.nn.functional.normalize(rand((3, 1, 4), 26, torch.float64), dim=-1).requires_grad_()
+    torch.autograd.gradgradcheck(
+        lambda a, b, c: torch_npu.npu_recurrent_gated_delta_rule_functional(a, b, c, st)[0], (qd, kd, vd))
 
 
 def delta_inputs(seed):

@@ -14,7 +14,8 @@ arguments; the backward runs ``kernel`` again on them with autograd enabled and 
 the vector-Jacobian product for every floating-point tensor argument, positional *or*
 keyword-only (``torch.library.register_autograd`` refuses keyword-only tensors, which
 several of these schemas have). So eager gradients are those of the kernel's own math,
-as before the op became opaque. Under ``torch.compile`` the backward is traced on
+as before the op became opaque; with ``create_graph`` the recomputation is recorded on the
+saved inputs, so double backward works too. Under ``torch.compile`` the backward is traced on
 FakeTensors: where the kernel reads tensor values on the host that trace fails loudly and
 Dynamo falls back to running the frame eagerly (a graph break), never a wrong gradient.
 """
@@ -66,18 +67,25 @@ def recompute_autograd(name, kernel):
         def backward(ctx, *grads):
             saved = ctx.saved_tensors
             wants = ctx.needs_input_grad[1:]
-            inputs = [t.detach().requires_grad_(w and t.is_floating_point()) for t, w in zip(saved, wants)]
+            # create_graph (grad mode on here): recompute on the saved inputs themselves so the
+            # gradient stays differentiable (double backward); otherwise on detached copies
+            create = torch.is_grad_enabled()
+            if create:
+                inputs = list(saved)
+                wanted = [i for i, (t, w) in enumerate(zip(saved, wants)) if w and t.requires_grad]
+            else:
+                inputs = [t.detach().requires_grad_(w and t.is_floating_point()) for t, w in zip(saved, wants)]
+                wanted = [i for i, t in enumerate(inputs) if t.requires_grad]
             args, kwargs = ctx.call.rebuild(inputs)
             with torch.enable_grad():
                 out = kernel(*args, **kwargs)
             outs = out if isinstance(out, (tuple, list)) else (out,)
             pairs = [(o, g) for o, g in zip(outs, grads)
                      if isinstance(o, torch.Tensor) and o.requires_grad and g is not None]
-            wanted = [i for i, t in enumerate(inputs) if t.requires_grad]
             result = [None] * len(inputs)
             if pairs and wanted:
                 got = torch.autograd.grad([o for o, _ in pairs], [inputs[i] for i in wanted],
-                                          [g for _, g in pairs], allow_unused=True)
+                                          [g for _, g in pairs], allow_unused=True, create_graph=create)
                 for i, g in zip(wanted, got):
                     result[i] = g
             return (None, *result)
