@@ -567,14 +567,6 @@ META_CASES = [
     ("npu_mhc_sinkhorn_backward",
      lambda: ops.npu_mhc_sinkhorn_backward(_r(2, 3, 4, 4), _r(40, 4, 4, 2, 3), _r(40, 4, 2, 3)),
      [((2, 3, 4, 4), f32)]),
-    ("npu_multi_head_attention_backward",
-     lambda: ops.npu_multi_head_attention_backward(
-         _r(32, 256, dtype=f16), _r(32, 256, dtype=f16), _r(32, 256, dtype=f16), _r(256, 256, dtype=f16),
-         _r(256, 256, dtype=f16), _r(256, 256, dtype=f16), _r(256, 256, dtype=f16), _r(1, 256, dtype=f16), None,
-         None, None, _r(32, 256, dtype=f16), _r(32, 256, dtype=f16), _r(32, 256, dtype=f16),
-         _r(2, 16, 16, 16, dtype=f16), _r(2, 16, 16, 16, dtype=f16), _r(32, 256, dtype=f16),
-         _r(32, 256, dtype=f16), _r(0, dtype=torch.uint8), 16, 16, 16, 16, 0.0, True),
-     [((256, 256), f16)] * 4 + [((32, 256), f16)] * 3 + [((1, 256), f16)] * 4),
     ("npu_fused_attention_layernorm_qkv_fwd",
      lambda: ops.npu_fused_attention_layernorm_qkv_fwd(_r(64, 96, dtype=f16), _r(96, 96, dtype=f16),
                                                        _r(96, 96, dtype=f16), _r(96, 96, dtype=f16), _r(96, dtype=f16),
@@ -993,3 +985,67 @@ def test_chunk_gated_delta_rule_errors():
                                              beta=torch.zeros(4, 1, dtype=torch.bfloat16),
                                              initial_state=torch.zeros(1, 1, 4, 8),
                                              actual_seq_lengths=torch.tensor([4], dtype=torch.int32), scale=1.0)
+
+
+# ------------------------------------------------------------------ npu_multi_head_attention_backward
+
+def _mha_ref(x_q, x_k, x_v, wq, wk, wv, wo, bq, bk, bv, bo, mask, keep, p_drop, heads, dim):
+    """Forward of the emulated npu_multi_head_attention written with plain float64 torch ops."""
+    b = x_q.shape[0] // 16
+    def split(x, length):
+        return x.reshape(b, length, heads, dim).permute(0, 2, 1, 3)
+    q = split((x_q @ wq.t() + bq) * dim ** -0.5, 16)
+    k = split(x_k @ wk.t() + bk, 16)
+    v = split(x_v @ wv.t() + bv, 16)
+    probs = torch.softmax(q @ k.transpose(-1, -2) + mask, -1)
+    if p_drop > 0:
+        probs = probs * keep / (1 - p_drop)
+    ctx = (probs @ v).permute(0, 2, 1, 3).reshape(b * 16, heads * dim)
+    return ctx @ wo.t() + bo
+
+
+def _unpack_bits(mask, numel):
+    bits = [(int(byte) >> i) & 1 for byte in mask.tolist() for i in range(8)]
+    return torch.tensor(bits[:numel], dtype=torch.float64)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("p_drop", [0.0, 0.3])
+def test_multi_head_attention_backward(device, p_drop):
+    gen = torch.Generator().manual_seed(25)
+    heads, dim, e = 16, 16, 256
+    rnd = lambda *s: (torch.randn(*s, generator=gen, dtype=torch.float64) * 0.2)  # noqa: E731
+    x_q, x_k, x_v = rnd(16, e), rnd(16, e), rnd(16, e)
+    ws = [rnd(e, e) for _ in range(4)]
+    bs = [rnd(e) for _ in range(4)]
+    mask = rnd(1, 1, 16, 16)
+    dv_ = lambda t: t.to(device)  # noqa: E731
+    fwd = torch_npu.npu_multi_head_attention(dv_(x_q), dv_(x_k), dv_(x_v), dv_(ws[0]), dv_(ws[1]), dv_(ws[2]),
+                                             dv_(mask), dv_(ws[3]), dv_(bs[0]), dv_(bs[1]), dv_(bs[2]), dv_(bs[3]),
+                                             None, heads, dim, 16, 16, p_drop, True)
+    keep = _unpack_bits(fwd[1].cpu(), heads * 16 * 16).reshape(1, heads, 16, 16)
+    leaves = [t.clone().requires_grad_(True) for t in [x_q, x_k, x_v] + ws + bs]
+    y = _mha_ref(*leaves[:3], *leaves[3:7], *leaves[7:], mask, keep, p_drop, heads, dim)
+    _close(fwd[0], y.detach(), 1e-9, 1e-9)
+    g = rnd(16, e)
+    r = torch.autograd.grad(y, leaves, g)
+    got = torch_npu.npu_multi_head_attention_backward(
+        dv_(x_q), dv_(x_k), dv_(x_v), dv_(ws[0]), dv_(ws[1]), dv_(ws[2]), dv_(ws[3]), dv_(bs[0]), dv_(bs[1]),
+        dv_(bs[2]), dv_(bs[3]), fwd[2], fwd[3], fwd[4], fwd[5], fwd[6], fwd[7], dv_(g), fwd[1], heads, dim, 16, 16,
+        p_drop, True)
+    expected = [r[3], r[4], r[5], r[6], r[0], r[1], r[2]] + [rb.unsqueeze(0) for rb in r[7:]]
+    assert [tuple(t.shape) for t in got] == [(e, e)] * 4 + [(16, e)] * 3 + [(1, e)] * 4
+    for a, b in zip(got, expected):
+        _close(a, b, 1e-9, 1e-9)
+
+
+def test_multi_head_attention_backward_fake():
+    with FakeTensorMode():
+        h = _r(32, 256, dtype=f16)
+        w = _r(256, 256, dtype=f16)
+        heads4 = _r(2, 16, 16, 16, dtype=f16)
+        got = ops.npu_multi_head_attention_backward(h, h, h, w, w, w, w, _r(256, dtype=f16), None, None, None,
+                                                    heads4, heads4, heads4, heads4, heads4, h, h,
+                                                    _r(0, dtype=torch.uint8), 16, 16, 16, 16, 0.0, True)
+    assert [(tuple(t.shape), t.dtype) for t in got] == ([((256, 256), f16)] * 4 + [((32, 256), f16)] * 3
+                                                        + [((1, 256), f16)] * 4)

@@ -89,35 +89,6 @@ def npu_quant_fusion_attention_meta(query, key, value, head_num, input_layout, *
 
 # ---------------------------------------------------------------- mHC
 
-# ---------------------------------------------------------------- multi-head attention backward
-
-@meta("npu_multi_head_attention_backward")
-def npu_multi_head_attention_backward_meta(query, key, value, query_weight, key_weight, value_weight,
-                                           out_proj_weight, query_bias, key_bias, value_bias, out_proj_bias,
-                                           query_res, key_res, value_res, attn_scores, attn_res, context, y_grad,
-                                           dropout_mask, attn_head_num, attn_dim_per_head, src_len, tgt_len,
-                                           dropout_prob, softmax_use_float):
-    """With H = attn_head_num * attn_dim_per_head and batch = query.size(0) / tgt_len:
-    (query/key/value/out_proj weight grads [H, H], query grad [query.size(0), H], key / value grads
-    [batch * src_len, H], the four bias grads [1, H]) in the matching input's dtype (query's for an
-    absent bias), as op-plugin allocates them. The lengths, heads and head dim must be multiples of 16."""
-    op = "npu_multi_head_attention_backward"
-    check(tgt_len > 0 and src_len > 0 and attn_head_num > 0 and attn_dim_per_head > 0, op,
-          "tgt_len, src_len, attn_head_num, attn_dim_per_head should not equal zero.")
-    check(tgt_len % 16 == 0 and src_len % 16 == 0 and attn_head_num % 16 == 0 and attn_dim_per_head % 16 == 0, op,
-          "tgt_len, src_len, attn_head_num, attn_dim_per_head should align to 16.")
-    h = attn_head_num * attn_dim_per_head
-    batch = query.shape[0] // tgt_len
-
-    def bias_grad(bias):
-        return query.new_empty((1, h), dtype=query.dtype if bias is None else bias.dtype)
-
-    return (query_weight.new_empty((h, h)), key_weight.new_empty((h, h)), value_weight.new_empty((h, h)),
-            out_proj_weight.new_empty((h, h)), query.new_empty((query.shape[0], h)),
-            key.new_empty((batch * src_len, h)), value.new_empty((batch * src_len, h)),
-            bias_grad(query_bias), bias_grad(key_bias), bias_grad(value_bias), bias_grad(out_proj_bias))
-
-
 @meta("npu_mhc_sinkhorn_backward")
 def npu_mhc_sinkhorn_backward_meta(grad_y, norm, sum):
     """grad_x shaped like grad_y (float32, as npu_mhc_sinkhorn's x)."""
