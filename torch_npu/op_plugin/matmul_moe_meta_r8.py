@@ -16,9 +16,6 @@ from torch_npu.utils import _custom_dtype
 
 __all__ = []
 
-# a packed int32 carries eight int4 values
-_INT4_PER_INT32 = 8
-
 
 def _check(cond, op, message):
     torch._check(cond, lambda: "%s: %s" % (op, message))
