@@ -973,6 +973,26 @@ def test_chunk_gated_delta_rule(device, with_g, state_dtype):
     _close(final, r_final, 3e-2 if state_dtype == torch.bfloat16 else 1e-4, 2e-2)
 
 
+def test_chunk_gated_delta_rule_fake_and_compile():
+    with FakeTensorMode():
+        o, final = ops.npu_chunk_gated_delta_rule(
+            _r(10, 2, 16, dtype=bf16), _r(10, 2, 16, dtype=bf16), _r(10, 4, 32, dtype=bf16),
+            beta=_r(10, 4, dtype=bf16), initial_state=_r(3, 4, 32, 16), actual_seq_lengths=_r(3, dtype=i32),
+            scale=0.25)
+    assert (tuple(o.shape), o.dtype, tuple(final.shape), final.dtype) == ((10, 4, 32), bf16, (3, 4, 32, 16), f32)
+    gen = torch.Generator().manual_seed(26)
+    q = torch.nn.functional.normalize(torch.randn(4, 1, 8, generator=gen), dim=-1).bfloat16()
+    v, beta = torch.randn(4, 1, 4, generator=gen).bfloat16(), torch.rand(4, 1, generator=gen).bfloat16()
+    st, lens = torch.randn(2, 1, 4, 8, generator=gen), torch.tensor([1, 3], dtype=torch.int32)
+
+    def f(q, v, beta, st, lens):
+        return torch_npu.npu_chunk_gated_delta_rule(q, q, v, beta=beta, initial_state=st, actual_seq_lengths=lens,
+                                                    scale=0.5)
+    eager = f(q, v, beta, st, lens)
+    compiled = torch.compile(f, backend="aot_eager", fullgraph=True)(q, v, beta, st, lens)
+    assert torch.equal(eager[0], compiled[0]) and torch.equal(eager[1], compiled[1])
+
+
 def test_chunk_gated_delta_rule_errors():
     x = torch.zeros(4, 1, 8, dtype=torch.bfloat16)
     with pytest.raises(RuntimeError, match="sum to T=4"):

@@ -12,17 +12,31 @@ The chunked kernel is an algebraic re-arrangement of this recurrence (the op-plu
 checks it against the same sequential form), so the emulator runs the recurrence directly,
 in float32. Returns (o [T, Nv, Dv] bfloat16, as op-plugin allocates it; final_state shaped
 and typed like initial_state). beta, initial_state, actual_seq_lengths and scale are required
-(op-plugin checks them); actual_seq_lengths is read on the host.
+(op-plugin checks them). actual_seq_lengths is read on the host, so the op is registered opaque
+(one torch.compile graph node with a fake kernel for the shapes); it has no backward (none in
+torch_npu either).
 """
 import torch
 
 from torch_npu.op_plugin._common import check
-from torch_npu.op_plugin._registry import impl
+from torch_npu.op_plugin._opaque_vjp import non_differentiable
+from torch_npu.op_plugin._registry import opaque
 
 __all__ = []
 
 
-@impl("npu_chunk_gated_delta_rule")
+def _chunk_gated_delta_rule_fake(query, key, value, *, beta=None, initial_state=None, actual_seq_lengths=None,
+                                 scale=None, g=None):
+    op = "npu_chunk_gated_delta_rule"
+    check(value.dim() == 3, op, "value dim should be 3, got %d" % value.dim())
+    check(beta is not None, op, "beta cannot be empty")
+    check(initial_state is not None, op, "initial_state cannot be empty")
+    check(actual_seq_lengths is not None, op, "actual_seq_lengths cannot be empty")
+    check(scale is not None, op, "scale cannot be empty")
+    return value.new_empty(tuple(value.shape), dtype=torch.bfloat16), torch.empty_like(initial_state)
+
+
+@opaque("npu_chunk_gated_delta_rule", fake=_chunk_gated_delta_rule_fake)
 def npu_chunk_gated_delta_rule(query, key, value, *, beta=None, initial_state=None, actual_seq_lengths=None,
                                scale=None, g=None):
     op = "npu_chunk_gated_delta_rule"
@@ -70,3 +84,6 @@ def npu_chunk_gated_delta_rule(query, key, value, *, beta=None, initial_state=No
         start += length
     out = torch.stack(outs) if outs else value.new_empty((0, nv, dv), dtype=cdt)
     return out.to(torch.bfloat16), torch.stack(finals).to(initial_state.dtype)
+
+
+non_differentiable("npu_chunk_gated_delta_rule")

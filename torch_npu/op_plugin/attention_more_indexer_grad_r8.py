@@ -17,12 +17,15 @@ when N2 = 1) and TND (query [T1,N1,D], key [T2,N2,D], weights [T1,N1], indices/d
 [T1,K], indices relative to the token's batch, cumulative ``actual_seq_lengths_query`` /
 ``_key`` tensors read on the host). Computed in float32 (float64 stays float64); the
 gradients come back in query's / key's / weights' dtypes. sparse_mode 0 or 3 (the selection
-is already in the indices), pre/next_tokens only their defaults.
+is already in the indices), pre/next_tokens only their defaults. The TND lengths are read on the
+host, so the op is registered opaque (one torch.compile node, fake kernel for the shapes) and
+has no backward of its own.
 """
 import torch
 
 from torch_npu.op_plugin._common import check
-from torch_npu.op_plugin._registry import impl
+from torch_npu.op_plugin._opaque_vjp import non_differentiable
+from torch_npu.op_plugin._registry import opaque
 
 __all__ = []
 
@@ -37,7 +40,13 @@ def _cumulative(op, name, t, total):
     return vals
 
 
-@impl("npu_lightning_indexer_grad")
+def _lightning_indexer_grad_fake(query, key, dy, sparse_indices, weights, actual_seq_lengths_query=None,
+                                 actual_seq_lengths_key=None, layout="BSND", sparse_mode=3, pre_tokens=_MAX,
+                                 next_tokens=_MAX):
+    return torch.empty_like(query), torch.empty_like(key), torch.empty_like(weights)
+
+
+@opaque("npu_lightning_indexer_grad", fake=_lightning_indexer_grad_fake)
 def npu_lightning_indexer_grad(query, key, dy, sparse_indices, weights, actual_seq_lengths_query=None,
                                actual_seq_lengths_key=None, layout="BSND", sparse_mode=3, pre_tokens=_MAX,
                                next_tokens=_MAX):
@@ -100,3 +109,6 @@ def npu_lightning_indexer_grad(query, key, dy, sparse_indices, weights, actual_s
     d_key = torch.zeros(k_rows.shape[0] * n2, d, dtype=cdt, device=query.device)
     d_key = d_key.index_add(0, flat, dk_sel.reshape(-1, d)).reshape(key.shape)
     return d_query.to(query.dtype), d_key.to(key.dtype), d_weights.to(weights.dtype)
+
+
+non_differentiable("npu_lightning_indexer_grad")
