@@ -401,16 +401,29 @@ def test_kv_cache_ops_mutate_as_eager():
         assert torch.equal(got_t, want_t)
 
 
-def test_fusion_attention_dropout_is_refused_in_graphs_not_in_shape_inference():
-    q = rand((1, 4, 2, 8), 18).npu()
-    drop = lambda q: torch_npu.npu_fusion_attention(q, q, q, 2, "BSND", keep_prob=0.5)[0]  # noqa: E731
-    with pytest.raises(Exception, match="attention dropout") as info:
-        torch.compile(drop, backend="aot_eager")(q)
-    assert isinstance(info.value, NotImplementedError) or isinstance(info.value.__cause__, NotImplementedError) \
-        or "NotImplementedError" in str(info.value)
+def test_fusion_attention_dropout_runs_eagerly_never_without_dropout():
+    q = rand((1, 4, 2, 8), 18).npu().requires_grad_()
+    drop = lambda q: torch_npu.npu_fusion_attention(q, q, q, 2, "BSND", keep_prob=0.5)[0] * 2  # noqa: E731
+    torch.npu.manual_seed(3)
+    eager = drop(q)
+    eager.sum().backward()
+    want, q.grad = q.grad, None
+    assert bool((eager == 0).any())  # dropout happened
+    torch._dynamo.reset()
+    torch.npu.manual_seed(3)  # a graph break: the call runs eagerly, same generator draw, same mask
+    got = torch.compile(drop, backend="aot_eager")(q)
+    got.sum().backward()
+    assert torch.equal(got, eager) and torch.equal(q.grad, want)
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="NotImplementedError|attention dropout"):
+        torch.compile(drop, backend="aot_eager", fullgraph=True)(q)
+    from torch.fx.experimental.proxy_tensor import make_fx
+    with pytest.raises(NotImplementedError, match="attention dropout"):
+        make_fx(drop)(q.detach())
     plain = lambda q: torch_npu.npu_fusion_attention(q, q, q, 2, "BSND", scale=0.3)[0]  # noqa: E731
-    torch.testing.assert_close(torch.compile(plain, backend="aot_eager", fullgraph=True)(q), plain(q),
-                               rtol=1e-6, atol=1e-6)
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(plain, backend="aot_eager", fullgraph=True)(q), plain(q),
+                                   rtol=1e-6, atol=1e-6)
     with FakeTensorMode():  # shape inference alone still answers
         out = torch_npu.npu_fusion_attention(torch.empty(1, 4, 2, 8), torch.empty(1, 4, 2, 8),
                                              torch.empty(1, 4, 2, 8), 2, "BSND", keep_prob=0.5)[0]

@@ -10,10 +10,12 @@ The bits differ from the NPU's Philox stream (only the distribution and the
 reproducibility are emulated).
 
 The (seed, offset) pair and the mask are made on the host, so they cannot be recorded in a
-graph: while only shapes are inferred (Meta / FakeTensor, Dynamo's fake propagation) a
-placeholder pair and an all-kept mask stand in, but while a graph is being recorded for
-execution (AOTAutograd under torch.compile, make_fx, torch.export: a proxy mode is active)
-dropout raises NotImplementedError rather than compile attention without dropout.
+graph. While only shapes are inferred (Meta, a plain FakeTensorMode) a placeholder pair and
+an all-kept mask stand in; while a graph is being built (a TracingContext: torch.compile's
+Dynamo and AOTAutograd, torch.export; or a proxy mode: make_fx) dropout raises
+``DropoutNotTraceable`` (a NotImplementedError that Dynamo takes as a data-dependent operator):
+torch.compile then graph-breaks and runs the attention call eagerly, with the eager dropout;
+``fullgraph=True`` and make_fx fail loudly. Never attention without dropout.
 """
 import torch
 
@@ -35,22 +37,37 @@ def _is_symbolic(t):
     return t.device.type == "meta" or is_fake(t)
 
 
+def _not_traceable_type():
+    from torch._subclasses.fake_tensor import DataDependentOutputException
+
+    class DropoutNotTraceable(DataDependentOutputException, NotImplementedError):
+        """Dropout's host-side randomness met graph building (see the module docstring)."""
+    return DropoutNotTraceable
+
+
+_NOT_TRACEABLE = []
+
+
 def _refuse_graph_recording():
+    from torch._guards import TracingContext
     from torch.fx.experimental.proxy_tensor import get_proxy_mode
-    if get_proxy_mode() is not None:
-        raise NotImplementedError(
+    if TracingContext.try_get() is not None or get_proxy_mode() is not None:
+        if not _NOT_TRACEABLE:
+            _NOT_TRACEABLE.append(_not_traceable_type())
+        raise _NOT_TRACEABLE[0](
             "attention dropout (keep_prob < 1) draws its mask on the host from the npu generator; the "
-            "CPU-emulated NPU cannot record it in a graph (torch.compile / make_fx / torch.export). "
-            "Run the attention call eagerly (torch.compiler.disable) or use keep_prob=1 in compiled code")
+            "CPU-emulated NPU cannot record it in a graph: torch.compile runs this call eagerly (a graph "
+            "break), fullgraph=True / make_fx / torch.export cannot take it (use keep_prob=1 there)")
 
 
 def draw_seed_offset(like):
     """(seed, offset) for one dropout call from the npu default generator of ``like``'s
     device (the current npu device for CPU tensors), advancing its offset; (0, 0) while
     only shapes are inferred (meta / FakeTensor); NotImplementedError while a graph is
-    recorded (see the module docstring)."""
+    recorded (see the module docstring), with real tensors too (make_fx's real mode would
+    bake this draw into the graph)."""
+    _refuse_graph_recording()
     if _is_symbolic(like):
-        _refuse_graph_recording()
         return 0, 0
     import torch_npu
     idx = like.device.index if like.device.type == "npu" and like.device.index is not None \
@@ -78,8 +95,8 @@ def keep_rows(seed, offset, segment, i0, i1, lead, s2, keep_prob, like):
     """bool keep mask [*lead, i1 - i0, S2] for query rows [i0, i1) of ``segment``
     (True = kept, probability ``keep_prob``), on ``like``'s device."""
     shape = list(lead) + [i1 - i0, s2]
+    _refuse_graph_recording()
     if _is_symbolic(like):
-        _refuse_graph_recording()
         return torch.ones(shape, dtype=torch.bool, device=like.device)
     parts = []
     for block in range(i0 // BLOCK_ROWS, (i1 + BLOCK_ROWS - 1) // BLOCK_ROWS):
