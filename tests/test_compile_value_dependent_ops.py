@@ -365,19 +365,22 @@ def test_comm_matmul_one_rank_traces_its_math():
         torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6)
 
 
-def test_comm_matmul_multi_rank_refuses_shape_only_tensors(monkeypatch):
+def test_comm_matmul_multi_rank_shapes_but_no_graph(monkeypatch):
+    from torch.fx.experimental.proxy_tensor import make_fx
     from torch_npu.op_plugin import comm_matmul
-    # a stand-in two-rank group: the collective must not be silently left out of a traced graph
+    # a stand-in two-rank group: shape inference answers, but the collective must not be
+    # silently left out of a graph being built
     monkeypatch.setattr(comm_matmul, "_group", lambda op, hcom: object())
     monkeypatch.setattr(comm_matmul.dist, "get_world_size", lambda group=None: 2)
+    calls = [lambda a, b: torch_npu.npu_mm_all_reduce_base(a, b, "g"),
+             lambda a, b: torch_npu.npu_mm_reduce_scatter_base(a, b, "g", 2),
+             lambda a, b: torch_npu.npu_all_gather_base_mm(a, b, "g", 2)[0]]
     with FakeTensorMode():
-        a, b = torch.empty(4, 3), torch.empty(3, 5)
+        shapes = [tuple(call(torch.empty(4, 3), torch.empty(3, 5)).shape) for call in calls]
+    assert shapes == [(4, 5), (2, 5), (8, 5)]
+    for call in calls:
         with pytest.raises(NotImplementedError, match="multi-rank"):
-            torch_npu.npu_mm_all_reduce_base(a, b, "g")
-        with pytest.raises(NotImplementedError, match="multi-rank"):
-            torch_npu.npu_mm_reduce_scatter_base(a, b, "g", 2)
-        with pytest.raises(NotImplementedError, match="multi-rank"):
-            torch_npu.npu_all_gather_base_mm(a, b, "g", 2)
+            make_fx(call, tracing_mode="fake")(torch.empty(4, 3), torch.empty(3, 5))
 
 
 def test_kv_cache_ops_mutate_as_eager():

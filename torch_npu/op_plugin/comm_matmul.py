@@ -8,9 +8,11 @@ identity, which is the single-rank result of the real op. With more ranks, ``hco
 to its process group (``_resolve_process_group``) and torch.distributed's collectives run on it
 (hccl when available, any backend that supports the collective otherwise). Under Meta /
 FakeTensor the single-rank result is traced as it is computed (the collective is the
-identity); with a multi-rank group the collective needs real tensors, so a Meta / FakeTensor
-call (torch.compile tracing included) raises NotImplementedError instead of leaving the
-exchange out of the traced graph. The collectives are not differentiated through (autograd
+identity); with a multi-rank group the collective needs real tensors: shape inference alone
+(Meta, a plain FakeTensorMode) gets the output shapes, but while a graph is being built
+(torch.compile, make_fx, torch.export) the call raises NotImplementedError (torch.compile
+then graph-breaks and runs it eagerly) instead of leaving the exchange out of the graph. The
+collectives are not differentiated through (autograd
 sees the local matmul only), so backward is exact on one rank only.
 Quantised variants (int8 inputs, dequant/pertoken scales, comm quantisation) raise
 NotImplementedError.
@@ -36,11 +38,23 @@ def _symbolic(t):
     return is_fake(t)
 
 
-def _traceable(op, t):
-    """Refuses a multi-rank collective on shape-only tensors: tracing it would drop the exchange."""
-    if _symbolic(t):
-        raise NotImplementedError("%s: with a multi-rank hcom group the collective needs real tensors; it cannot "
-                                  "be traced on Meta/FakeTensor (torch.compile) by the CPU-emulated NPU" % op)
+def _building_graph():
+    """True while a graph is recorded: a TracingContext (Dynamo, AOTAutograd, export) or a proxy mode (make_fx)."""
+    from torch._guards import TracingContext
+    from torch.fx.experimental.proxy_tensor import get_proxy_mode
+    return TracingContext.try_get() is not None or get_proxy_mode() is not None
+
+
+def _exchange_runs(op, t):
+    """Whether the multi-rank collective runs on ``t``: not on shape-only tensors (their shapes
+    are the answer), and never silently dropped from a graph being built."""
+    if not _symbolic(t):
+        return True
+    if _building_graph():
+        raise NotImplementedError("%s: with a multi-rank hcom group the collective needs real tensors; the "
+                                  "CPU-emulated NPU cannot record it in a graph (torch.compile runs this call "
+                                  "eagerly after a graph break)" % op)
+    return False
 
 
 def _group(op, hcom):
@@ -138,8 +152,7 @@ def npu_mm_all_reduce_base(x1, x2, hcom, *, reduce_op="sum", bias=None, antiquan
               % (tuple(out.shape), tuple(x3.shape)))
         out = out + x3
     group = _group(op, hcom)
-    if group is not None:
-        _traceable(op, out)
+    if group is not None and _exchange_runs(op, out):
         out = out.contiguous()
         dist.all_reduce(out, op=dist.ReduceOp.SUM, group=group)
     return out
@@ -170,10 +183,10 @@ def npu_mm_reduce_scatter_base(self, x2, hcom, world_size, *, reduce_op="sum", b
         out = out + bias
     if group is None:
         return out
-    _traceable(op, out)
     rows = x1.size(0) // world_size
     result = out.new_empty((rows, out.size(1)))
-    dist.reduce_scatter_tensor(result, out.contiguous(), op=dist.ReduceOp.SUM, group=group)
+    if _exchange_runs(op, out):
+        dist.reduce_scatter_tensor(result, out.contiguous(), op=dist.ReduceOp.SUM, group=group)
     return result
 
 
@@ -199,9 +212,9 @@ def npu_all_gather_base_mm(self, x2, hcom, world_size, *, bias=None, x1_scale=No
     if group is None:
         gathered = x1
     else:
-        _traceable(op, x1)
         gathered = x1.new_empty((x1.size(0) * world_size, x1.size(1)))
-        dist.all_gather_into_tensor(gathered, x1.contiguous(), group=group)
+        if _exchange_runs(op, x1):
+            dist.all_gather_into_tensor(gathered, x1.contiguous(), group=group)
     out = torch.matmul(gathered, x2)
     if bias is not None:
         check(bias.dim() == 1 and bias.numel() == x2.size(1), op, "bias must be (n,)")
