@@ -527,14 +527,6 @@ def _r(*shape, dtype=f32):
 
 
 META_CASES = [
-    ("npu_sparse_flash_attention_grad",
-     lambda: ops.npu_sparse_flash_attention_grad(_r(1, 4, 8, 512, dtype=bf16), _r(1, 6, 1, 512, dtype=bf16),
-                                                 _r(1, 6, 1, 512, dtype=bf16), _r(1, 4, 1, 2, dtype=i32),
-                                                 _r(1, 4, 8, 512, dtype=bf16), _r(1, 4, 8, 512, dtype=bf16),
-                                                 _r(1, 1, 4, 8), _r(1, 1, 4, 8), 0.1, 1,
-                                                 query_rope=_r(1, 4, 8, 64, dtype=bf16)),
-     [((1, 4, 8, 512), bf16), ((1, 6, 1, 512), bf16), ((1, 6, 1, 512), bf16), ((1, 4, 8, 64), bf16),
-      ((0,), bf16)]),
     ("npu_nsa_compress_attention",
      lambda: ops.npu_nsa_compress_attention(_r(6, 4, 192, dtype=bf16), _r(5, 2, 192, dtype=bf16),
                                             _r(5, 2, 128, dtype=bf16), 0.1, 4, 32, 16, 64, 16,
@@ -1069,3 +1061,106 @@ def test_multi_head_attention_backward_fake():
                                                     _r(0, dtype=torch.uint8), 16, 16, 16, 16, 0.0, True)
     assert [(tuple(t.shape), t.dtype) for t in got] == ([((256, 256), f16)] * 4 + [((32, 256), f16)] * 3
                                                         + [((1, 256), f16)] * 4)
+
+
+# ------------------------------------------------------------------ npu_sparse_flash_attention_grad
+
+def _sfa_ref(q, k, v, qr, kr, idx, scale, block, sparse_mode, q_lens, kv_lens, q_starts, kv_starts):
+    """Documented sparse attention, float64 torch ops per (batch, key head, query row): positions of
+    the listed blocks up to the first -1 and below the key length; sparse_mode 3 fills positions
+    after the right-down causal limit with -1e12."""
+    rows, n1, _ = q.shape
+    n2 = k.shape[1]
+    grp = n1 // n2
+    qa = torch.cat([q, qr], -1) if qr is not None else q
+    ka = torch.cat([k, kr], -1) if kr is not None else k
+    out = [None] * rows
+    for b, (s1, s2) in enumerate(zip(q_lens, kv_lens)):
+        for i in range(s1):
+            r = q_starts[b] + i
+            heads_out = []
+            for h in range(n2):
+                pos = []
+                for blk in idx[r, h].tolist():
+                    if blk < 0:
+                        break
+                    pos += [blk * block + j for j in range(block) if blk * block + j < s2]
+                rows_k = [kv_starts[b] + j for j in pos]
+                logit = qa[r, h * grp:(h + 1) * grp] @ ka[rows_k, h].t() * scale
+                if sparse_mode == 3:
+                    late = torch.tensor([j >= s2 - s1 + i + 1 for j in pos])
+                    logit = torch.where(late, torch.full_like(logit, -1e12), logit)
+                heads_out.append(torch.softmax(logit, -1) @ v[rows_k, h])
+            out[r] = torch.cat(heads_out)
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout,sparse_mode,rope", [("BSND", 3, True), ("TND", 0, False), ("TND", 3, True)])
+def test_sparse_flash_attention_grad(device, layout, sparse_mode, rope):
+    gen = torch.Generator().manual_seed(27)
+    n1, n2, d, dr, dv, block = 4, 2, 8, 4, 6, 2
+    q_lens, kv_lens = [3, 2], [7, 5]
+    rnd = lambda *s: torch.randn(*s, generator=gen, dtype=torch.float64)  # noqa: E731
+    if layout == "BSND":
+        q, qr = rnd(2, 3, n1, d), rnd(2, 3, n1, dr)
+        k, kr, v = rnd(2, 7, n2, d), rnd(2, 7, n2, dr), rnd(2, 7, n2, dv)
+        idx = torch.tensor([[[[0, 2, -1], [3, 1, 0]], [[1, -1, 2], [2, 0, 3]], [[3, 0, 1], [1, 1, -1]]],
+                            [[[0, 1, 2], [2, -1, -1]], [[1, 0, -1], [0, 2, 1]], [[0, 0, 0], [0, 0, 0]]]],
+                           dtype=torch.int32)
+        lens = dict(actual_seq_qlen=None, actual_seq_kvlen=torch.tensor([7, 5]))
+        fwd_lens = dict(actual_seq_lengths_query=None, actual_seq_lengths_kv=torch.tensor([7, 5]))
+        flat = lambda t: t.flatten(0, 1)  # noqa: E731
+        q_starts, kv_starts, ref_q_lens = [0, 3], [0, 7], [3, 3]
+    else:
+        q, qr = rnd(5, n1, d), rnd(5, n1, dr)
+        k, kr, v = rnd(12, n2, d), rnd(12, n2, dr), rnd(12, n2, dv)
+        idx = torch.tensor([[[0, 2, -1], [3, 1, 0]], [[1, -1, 2], [2, 0, 3]], [[3, 0, 1], [1, 1, -1]],
+                            [[0, 1, 2], [2, -1, -1]], [[1, 0, -1], [0, 2, 1]]], dtype=torch.int32)
+        lens = dict(actual_seq_qlen=torch.tensor([3, 5]), actual_seq_kvlen=torch.tensor([7, 12]))
+        fwd_lens = dict(actual_seq_lengths_query=lens["actual_seq_qlen"], actual_seq_lengths_kv=lens["actual_seq_kvlen"])
+        flat = lambda t: t  # noqa: E731
+        q_starts, kv_starts, ref_q_lens = [0, 3], [0, 7], q_lens
+    if not rope:
+        qr = kr = None
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v) + ((qr, kr) if rope else ())]
+    lq, lk, lv = leaves[:3]
+    lqr, lkr = (leaves[3], leaves[4]) if rope else (None, None)
+    ref = _sfa_ref(flat(lq), flat(lk), flat(lv), None if lqr is None else flat(lqr),
+                   None if lkr is None else flat(lkr), flat(idx), 0.3, block, sparse_mode, ref_q_lens, kv_lens,
+                   q_starts, kv_starts)
+    d_out = rnd(*ref.shape)
+    r_grads = torch.autograd.grad(ref, leaves, d_out)
+    dv_ = lambda t: None if t is None else t.to(device)  # noqa: E731
+    layout_kw = dict(layout_query=layout, layout_kv=layout)
+    out, smax, ssum = torch_npu.npu_sparse_flash_attention(
+        dv_(q), dv_(k), dv_(v), dv_(idx), 0.3, query_rope=dv_(qr), key_rope=dv_(kr), sparse_block_size=block,
+        sparse_mode=sparse_mode, return_softmax_lse=True, attention_mode=2 if rope else 0,
+        **{kk: dv_(vv) for kk, vv in fwd_lens.items()}, **layout_kw)
+    d_out_shaped = d_out.reshape(out.shape)
+    got = torch_npu.npu_sparse_flash_attention_grad(
+        dv_(q), dv_(k), dv_(v), dv_(idx), dv_(d_out_shaped), out, smax, ssum, 0.3, block, query_rope=dv_(qr),
+        key_rope=dv_(kr), layout=layout, sparse_mode=sparse_mode, attention_mode=2 if rope else 0,
+        **{kk: dv_(vv) for kk, vv in lens.items()})
+    expected = list(r_grads[:3]) + (list(r_grads[3:]) if rope else [None, None])
+    for g_, r_ in zip(got, expected):
+        if r_ is None:
+            assert g_.shape == (0,)
+        else:
+            _close(g_, r_, 1e-6, 1e-6)
+
+
+def test_sparse_flash_attention_grad_fake_and_errors():
+    with FakeTensorMode():
+        got = ops.npu_sparse_flash_attention_grad(
+            _r(1, 4, 8, 512, dtype=bf16), _r(1, 6, 1, 512, dtype=bf16), _r(1, 6, 1, 512, dtype=bf16),
+            _r(1, 4, 1, 2, dtype=i32), _r(1, 4, 8, 512, dtype=bf16), _r(1, 4, 8, 512, dtype=bf16), _r(1, 1, 4, 8),
+            _r(1, 1, 4, 8), 0.1, 1, query_rope=_r(1, 4, 8, 64, dtype=bf16), key_rope=_r(1, 6, 1, 64, dtype=bf16),
+            attention_mode=2)
+    assert [(tuple(t.shape), t.dtype) for t in got] == [((1, 4, 8, 512), bf16), ((1, 6, 1, 512), bf16),
+                                                        ((1, 6, 1, 512), bf16), ((1, 4, 8, 64), bf16),
+                                                        ((1, 6, 1, 64), bf16)]
+    with pytest.raises(RuntimeError, match="query_rope and key_rope go together"):
+        torch_npu.npu_sparse_flash_attention_grad(_r(1, 2, 2, 8), _r(1, 3, 1, 8), _r(1, 3, 1, 8),
+                                                  _r(1, 2, 1, 1, dtype=i32), _r(1, 2, 2, 8), _r(1, 2, 2, 8),
+                                                  _r(1, 1, 2, 2), _r(1, 1, 2, 2), 1.0, 1, query_rope=_r(1, 2, 2, 4))

@@ -13,29 +13,6 @@ from torch_npu.op_plugin._registry import meta
 __all__ = []
 
 _MAX = 2147483647
-_MAX64 = 9223372036854775807
-
-
-# ---------------------------------------------------------------- sparse flash attention grad
-
-@meta("npu_sparse_flash_attention_grad")
-def npu_sparse_flash_attention_grad_meta(query, key, value, sparse_indices, d_out, out, softmax_max, softmax_sum,
-                                         scale_value, sparse_block_size, query_rope=None, key_rope=None,
-                                         actual_seq_qlen=None, actual_seq_kvlen=None, layout="BSND", sparse_mode=3,
-                                         pre_tokens=_MAX64, next_tokens=_MAX64, attention_mode=0):
-    """(d_query like query, d_key like key, d_value like value, d_query_rope like query_rope
-    (else [0] in query's dtype), d_key_rope like key_rope (else [0] in key's dtype)); query, key,
-    value and the ropes must be 3-D (TND) or 4-D (BSND)."""
-    op = "npu_sparse_flash_attention_grad"
-    for name, t in (("query", query), ("key", key), ("value", value), ("query_rope", query_rope),
-                    ("key_rope", key_rope)):
-        if t is not None:
-            check(t.dim() in (3, 4), op, "The shapes of the input %s should be 3 or 4 dimensional, but got %d-"
-                  "dimensional" % (name, t.dim()))
-    check(value is not None, op, "value is required")
-    d_query_rope = query.new_empty([0]) if query_rope is None else torch.empty_like(query_rope)
-    d_key_rope = key.new_empty([0]) if key_rope is None else torch.empty_like(key_rope)
-    return torch.empty_like(query), torch.empty_like(key), torch.empty_like(value), d_query_rope, d_key_rope
 
 
 # ---------------------------------------------------------------- native sparse attention
