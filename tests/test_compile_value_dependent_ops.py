@@ -179,6 +179,11 @@ def test_gated_delta_rule_functional_and_in_place():
     torch.compile(fn, backend="aot_eager")(qg, kg, vg, state, lens, slots)[0].sum().backward()
     for t, w in zip((qg, kg, vg), want):
         torch.testing.assert_close(t.grad, w, rtol=1e-6, atol=1e-6)
+    with FakeTensorMode():
+        o, s = torch_npu.npu_recurrent_gated_delta_rule_functional(
+            torch.empty(5, 2, 8), torch.empty(5, 2, 8), torch.empty(5, 4, 6, dtype=torch.bfloat16),
+            torch.empty(9, 4, 6, 8), actual_seq_lengths=torch.empty(2, dtype=torch.int32))
+    assert o.shape == (5, 4, 6) and o.dtype == torch.bfloat16 and s.shape == (9, 4, 6, 8) and s.dtype == torch.float32
 
 
 # ---------------------------------------------------------------- NMS, random choice, boxes
@@ -332,6 +337,15 @@ def test_alltoallv_gmm_one_rank_forward_and_grad():
     with torch.no_grad():
         assert_same(compile_as_node(fn2, "npu_gmm_alltoallv", x, w), fn2(x, w))
         assert_same(compile_as_node(fn, "npu_alltoallv_gmm", x, w), [t.detach() for t in eager])
+    with FakeTensorMode():  # 4 ranks x 2 experts: A = sum(recv_counts) rows, no group consulted
+        x16, w16 = torch.empty(5, 6, dtype=torch.float16), torch.empty(2, 6, 4, dtype=torch.float16)
+        y, mm_y, perm = torch_npu.npu_alltoallv_gmm(x16, w16, "g", 4, [1] * 5 + [0] * 3, [2] * 8,
+                                                    mm_x=torch.empty(3, 7, dtype=torch.float16),
+                                                    mm_weight=torch.empty(7, 2, dtype=torch.float16),
+                                                    permute_out_flag=True)
+        z, _ = torch_npu.npu_gmm_alltoallv(x16, w16, "g", 4, [1] * 5 + [0] * 3, [3] * 8)
+    assert y.shape == (16, 4) and perm.shape == (16, 6) and mm_y.shape == (3, 2) and z.shape == (24, 4)
+    assert y.dtype == perm.dtype == mm_y.dtype == z.dtype == torch.float16
 
 
 def test_alltoallv_quant_gmm_one_rank():
@@ -350,6 +364,12 @@ def test_alltoallv_quant_gmm_one_rank():
         assert_same(got[0], eager[0])
         if name == "npu_alltoallv_quant_gmm":
             assert torch.equal(got[2].view(torch.uint8), eager[2].view(torch.uint8))
+        with FakeTensorMode():
+            out = fn(torch.empty(5, 64, dtype=torch.float8_e4m3fn), torch.empty(2, 64, 3, dtype=torch.float8_e4m3fn),
+                     torch.empty(5, 1, 2, dtype=e8), torch.empty(2, 1, 3, 2, dtype=e8))
+        assert out[0].shape == (5, 3) and out[0].dtype == torch.float16
+        if name == "npu_alltoallv_quant_gmm":
+            assert out[2].shape == (5, 64) and out[2].dtype == torch.float8_e4m3fn
 
 
 # ---------------------------------------------------------------- verified: traced math stays correct
