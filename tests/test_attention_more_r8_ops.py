@@ -556,9 +556,6 @@ META_CASES = [
                                             d_scale_q=_r(2, 4, 1, 1), d_scale_k=_r(2, 4, 1, 1),
                                             d_scale_v=_r(2, 4, 1, 1)),
      [((2, 4, 6, 64), f16), ((2, 4, 6, 8), f32), ((2, 4, 6, 8), f32), ((0,), f16)]),
-    ("npu_mhc_sinkhorn_backward",
-     lambda: ops.npu_mhc_sinkhorn_backward(_r(2, 3, 4, 4), _r(40, 4, 4, 2, 3), _r(40, 4, 2, 3)),
-     [((2, 3, 4, 4), f32)]),
     ("npu_fused_attention_layernorm_qkv_fwd",
      lambda: ops.npu_fused_attention_layernorm_qkv_fwd(_r(64, 96, dtype=f16), _r(96, 96, dtype=f16),
                                                        _r(96, 96, dtype=f16), _r(96, 96, dtype=f16), _r(96, dtype=f16),
@@ -1164,3 +1161,57 @@ def test_sparse_flash_attention_grad_fake_and_errors():
         torch_npu.npu_sparse_flash_attention_grad(_r(1, 2, 2, 8), _r(1, 3, 1, 8), _r(1, 3, 1, 8),
                                                   _r(1, 2, 1, 1, dtype=i32), _r(1, 2, 2, 8), _r(1, 2, 2, 8),
                                                   _r(1, 1, 2, 2), _r(1, 1, 2, 2), 1.0, 1, query_rope=_r(1, 2, 2, 4))
+
+
+# ------------------------------------------------------------------ npu_mhc_sinkhorn_backward
+
+def _sinkhorn_ref(x, iters, eps, keep_prob_in_norm0=True):
+    """Documented Sinkhorn forward in float64 torch ops; returns y and the intermediates in the
+    documented out_flag=1 layouts (norm[0] = softmax(x), sum[0] unused)."""
+    p = torch.softmax(x, -1)
+    cur = p + eps
+    norms, sums = [p], [torch.zeros_like(p[..., 0])]
+    col = cur.sum(-2, keepdim=True) + eps
+    cur = cur / col
+    norms.append(cur)
+    sums.append(col.squeeze(-2))
+    for _ in range(iters - 1):
+        row = cur.sum(-1, keepdim=True) + eps
+        cur = cur / row
+        norms.append(cur)
+        sums.append(row.squeeze(-1))
+        col = cur.sum(-2, keepdim=True) + eps
+        cur = cur / col
+        norms.append(cur)
+        sums.append(col.squeeze(-2))
+    lead = x.dim() - 2
+    norm_out = torch.stack(norms).permute(0, lead + 1, lead + 2, *range(1, lead + 1))
+    sum_out = torch.stack(sums).permute(0, lead + 1, *range(1, lead + 1))
+    return cur, norm_out, sum_out
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape", [(2, 3, 4, 4), (5, 6, 6)])
+def test_mhc_sinkhorn_backward_matches_autograd(device, shape):
+    gen = torch.Generator().manual_seed(28)
+    x = torch.randn(shape, generator=gen, dtype=torch.float64)
+    leaf = x.clone().requires_grad_(True)
+    y, norm, sums = _sinkhorn_ref(leaf, 4, 1e-6)
+    g = torch.randn(shape, generator=gen, dtype=torch.float64)
+    (ref,) = torch.autograd.grad(y, leaf, g)
+    got = torch_npu.npu_mhc_sinkhorn_backward(g.to(device), norm.detach().to(device), sums.detach().to(device))
+    assert got.shape == shape and got.dtype == torch.float64
+    _close(got, ref, 1e-10, 1e-10)
+    # with the emulated forward's intermediates (float32)
+    _, norm32, sum32 = torch_npu.npu_mhc_sinkhorn(x.float().to(device), eps=1e-6, num_iters=4, out_flag=1)
+    got32 = torch_npu.npu_mhc_sinkhorn_backward(g.float().to(device), norm32, sum32)
+    assert got32.dtype == torch.float32
+    _close(got32, ref, 1e-4, 1e-4)
+
+
+def test_mhc_sinkhorn_backward_fake_and_errors():
+    with FakeTensorMode():
+        out = ops.npu_mhc_sinkhorn_backward(_r(2, 3, 4, 4), _r(40, 4, 4, 2, 3), _r(40, 4, 2, 3))
+    assert out.shape == (2, 3, 4, 4) and out.dtype == f32
+    with pytest.raises(RuntimeError, match="sum must be"):
+        torch_npu.npu_mhc_sinkhorn_backward(torch.zeros(5, 4, 4), torch.zeros(8, 4, 4, 5), torch.zeros(8, 4, 4))

@@ -66,12 +66,6 @@ def npu_quant_fusion_attention_meta(query, key, value, head_num, input_layout, *
 
 # ---------------------------------------------------------------- mHC
 
-@meta("npu_mhc_sinkhorn_backward")
-def npu_mhc_sinkhorn_backward_meta(grad_y, norm, sum):
-    """grad_x shaped like grad_y (float32, as npu_mhc_sinkhorn's x)."""
-    return torch.empty_like(grad_y)
-
-
 def _paged_value_dim(op, value, kv_heads):
     """Head dim of a paged value cache (block_num, block_size, H) or (block_num, block_size, N, D)."""
     check(value.dim() in (3, 4), op, "value must be (block_num, block_size, H) or (block_num, block_size, N, D)")

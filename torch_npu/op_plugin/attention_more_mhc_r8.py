@@ -118,3 +118,47 @@ def npu_mhc_pre_backward(x, phi, alpha, grad_h_in, grad_h_post, grad_h_res, inv_
         check(tuple(grad_x_post.shape) == tuple(x.shape), op, "grad_x_post must be shaped like x")
         grad_x = grad_x + grad_x_post.to(fdt)
     return grad_x.to(x.dtype), grad_phi, grad_alpha, grad_bias, grad_gamma
+
+
+@impl("npu_mhc_sinkhorn_backward")
+def npu_mhc_sinkhorn_backward(grad_y, norm, sum):
+    """Gradient w.r.t. x of npu_mhc_sinkhorn's y for ``grad_y`` ([B, S, n, n] or [T, n, n]), from the
+    forward's intermediates norm [2K, n, n, *batch] and sum [2K, n, *batch] (K = num_iters; the
+    documented out_flag=1 layouts). As the op-plugin golden, backwards through the K-1 (column,
+    row) normalisation pairs, the first column normalisation, then the softmax:
+
+        column step k: g = (g - sum_rows(g * norm[k])) / sum[k]   (sum[k] per column)
+        row step k:    g = (g - sum_cols(g * norm[k])) / sum[k]   (sum[k] per row)
+        grad_x = norm[0] * (g - sum_cols(g * norm[0]))
+
+    norm[0] is used as the softmax probabilities (the golden stores softmax(x) there; sum[0]
+    is not read). Returns float32 (float64 stays float64) shaped like grad_y."""
+    op = "npu_mhc_sinkhorn_backward"
+    check(grad_y.dim() in (3, 4), op, "grad_y must be [B, S, n, n] or [T, n, n], got %d-D" % grad_y.dim())
+    n = grad_y.shape[-1]
+    batch = tuple(grad_y.shape[:-2])
+    check(grad_y.shape[-2] == n, op, "grad_y's last two dims must be n x n")
+    check(norm.dim() == 3 + len(batch) and tuple(norm.shape[1:]) == (n, n) + batch and norm.shape[0] % 2 == 0
+          and norm.shape[0] >= 2, op, "norm must be [2*num_iters, n, n, %s], got %s"
+          % (", ".join(map(str, batch)), tuple(norm.shape)))
+    check(tuple(sum.shape) == (norm.shape[0], n) + batch, op, "sum must be %s, got %s"
+          % ((norm.shape[0], n) + batch, tuple(sum.shape)))
+    cdt = torch.float64 if grad_y.dtype == torch.float64 else torch.float32
+    lead = len(batch)
+    # [2K, n, n, *batch] -> [2K, *batch, n, n];  [2K, n, *batch] -> [2K, *batch, n]
+    norms = norm.to(cdt).permute(0, *range(3, 3 + lead), 1, 2)
+    sums = sum.to(cdt).permute(0, *range(2, 2 + lead), 1)
+    iters = norm.shape[0] // 2
+    g = grad_y.to(cdt)
+
+    def col_step(g, k):
+        return (g - (g * norms[k]).sum(-2, keepdim=True)) / sums[k].unsqueeze(-2)
+
+    def row_step(g, k):
+        return (g - (g * norms[k]).sum(-1, keepdim=True)) / sums[k].unsqueeze(-1)
+
+    for i in range(iters - 1, 0, -1):
+        g = row_step(col_step(g, 2 * i + 1), 2 * i)
+    g = col_step(g, 1)
+    p = norms[0]
+    return p * (g - (g * p).sum(-1, keepdim=True))
