@@ -33,6 +33,25 @@ class TestFloatStatus(TestCase):
         finally:
             _overflow._float_status[0] = False
 
+    def test_compiled_graph_reads_and_clears_at_run_time(self):
+        # traced with the flag clear; the compiled graph must still read the flag set later,
+        # and clear it even though the clear's result is unused
+        status = torch_npu.npu_alloc_float_status(torch.rand(2).npu())
+
+        def step(s):
+            flag = torch_npu.npu_get_float_status(s)
+            torch_npu.npu_clear_float_status(s)
+            return flag * 2
+
+        compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
+        try:
+            self.assertEqual(compiled(status).cpu().tolist(), [0.0] * 8)
+            _overflow._float_status[0] = True
+            self.assertEqual(compiled(status).cpu().tolist(), [2.0] + [0.0] * 7)
+            self.assertIs(_overflow._float_status[0], False)
+        finally:
+            _overflow._float_status[0] = False
+
     def test_meta(self):
         out = torch_npu.npu_get_float_status(torch.empty(8, device="meta"))
         self.assertEqual(out.shape, (8,))

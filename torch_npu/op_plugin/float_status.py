@@ -5,11 +5,16 @@ allocate a buffer for it, read it and clear it. The emulated register is the one
 ``torch.npu.get_npu_overflow_flag`` (``torch_npu.npu._overflow``): a process-wide flag that no
 emulated kernel sets (CPU kernels produce inf/NaN instead of saturating), so reads give zeros
 unless a test sets it. The status is 8 float32 values; element 0 carries the flag.
+
+Reading and clearing the register are opaque ops (``_registry.opaque``): under
+``torch.compile`` they stay graph nodes that touch the register when the graph runs, instead
+of the flag value seen while tracing being baked in; clearing is marked side-effecting so that
+an unused result does not let the compiler drop it.
 """
 import torch
 
 from torch_npu.op_plugin._common import check
-from torch_npu.op_plugin._registry import impl
+from torch_npu.op_plugin._registry import impl, opaque
 
 __all__ = []
 
@@ -35,7 +40,11 @@ def npu_alloc_float_status(self):
     return torch.zeros(_STATUS_LEN, dtype=torch.float32, device=self.device)
 
 
-@impl("npu_get_float_status")
+def _status_fake(self, mode=0):
+    return self.new_empty((_STATUS_LEN,), dtype=torch.float32)
+
+
+@opaque("npu_get_float_status", fake=_status_fake)
 def npu_get_float_status(self, mode=0):
     """Reads the float-status register into a new 8-element float32 tensor: all zeros when no
     overflow was recorded, element 0 = 1 when one was."""
@@ -44,9 +53,11 @@ def npu_get_float_status(self, mode=0):
     return _status(self)
 
 
-@impl("npu_clear_float_status")
+@opaque("npu_clear_float_status", fake=_status_fake)
 def npu_clear_float_status(self, mode=0):
     """Clears the float-status register and returns the (now zero) 8-element float32 status."""
-    if self.device.type != "meta":
-        _register()[0] = False
+    _register()[0] = False
     return torch.zeros(_STATUS_LEN, dtype=torch.float32, device=self.device)
+
+
+torch.fx.node.has_side_effect(torch.ops.npu.npu_clear_float_status.default)

@@ -34,8 +34,6 @@ import torch
 
 from torch_npu.op_plugin._common import check
 from torch_npu.op_plugin._registry import impl
-from torch_npu.op_plugin.attention_r4_indexer import npu_lightning_indexer
-from torch_npu.op_plugin.attention_r4_sparse import npu_sparse_flash_attention
 
 __all__ = []
 
@@ -96,7 +94,8 @@ def npu_quant_lightning_indexer(query, key, weights, query_dequant_scale, key_de
     check(1 <= sparse_count <= 2048, op, "sparse_count must be in [1, 2048], got %d" % sparse_count)
     check(layout_key == "PA_BSND" or layout_key == layout_query, op,
           "without PageAttention layout_key (%s) must equal layout_query (%s)" % (layout_key, layout_query))
-    indices, _ = npu_lightning_indexer(
+    # through the dispatcher: the indexer is an opaque op, one node under torch.compile
+    indices, _ = torch.ops.npu.npu_lightning_indexer(
         _dequant_rows(query, query_dequant_scale), _dequant_rows(key, key_dequant_scale), weights,
         actual_seq_lengths_query=actual_seq_lengths_query, actual_seq_lengths_key=actual_seq_lengths_key,
         block_table=block_table, layout_query=layout_query, layout_key=layout_key, sparse_count=sparse_count,
@@ -160,7 +159,7 @@ def npu_kv_quant_sparse_flash_attention(query, key, value, sparse_indices, scale
           op, "sparse_indices shape %s must be %s + (sparse_size,)"
           % (tuple(sparse_indices.shape), tuple(query.shape[:-2]) + (n2,)))
     k_nope, k_rope = _split_combined_key(op, key, query.dtype, dn, rope_head_dim, tile_size)
-    out, _, _ = npu_sparse_flash_attention(
+    out, _, _ = torch.ops.npu.npu_sparse_flash_attention(
         query[..., :dn], k_nope, k_nope, sparse_indices, scale_value, block_table=block_table,
         actual_seq_lengths_query=actual_seq_lengths_query, actual_seq_lengths_kv=actual_seq_lengths_kv,
         query_rope=query[..., dn:], key_rope=k_rope, sparse_block_size=sparse_block_size, layout_query=layout_query,
