@@ -562,17 +562,6 @@ META_CASES = [
                                             d_scale_q=_r(2, 4, 1, 1), d_scale_k=_r(2, 4, 1, 1),
                                             d_scale_v=_r(2, 4, 1, 1)),
      [((2, 4, 6, 64), f16), ((2, 4, 6, 8), f32), ((2, 4, 6, 8), f32), ((0,), f16)]),
-    ("npu_fused_attention_layernorm_qkv_fwd",
-     lambda: ops.npu_fused_attention_layernorm_qkv_fwd(_r(64, 96, dtype=f16), _r(96, 96, dtype=f16),
-                                                       _r(96, 96, dtype=f16), _r(96, 96, dtype=f16), _r(96, dtype=f16),
-                                                       _r(96, dtype=f16), seq_len=32, num_heads=3),
-     [((64, 96), f16), ((2, 3, 32, 32), f16), ((2, 3, 32, 32), f16), ((2, 3, 32, 32), f16), ((64,), f16),
-      ((64,), f16)]),
-    ("npu_fused_attention_qkv_grad",
-     lambda: ops.npu_fused_attention_qkv_grad(_r(64, 96, dtype=f16), _r(64, 96, dtype=f16), _r(64, 96, dtype=f16),
-                                              _r(96, 96, dtype=f16), _r(96, 96, dtype=f16), _r(96, 96, dtype=f16),
-                                              _r(64, 96, dtype=f16), _r(64, 96, dtype=f16)),
-     [((64, 96), f16)] + [((96, 96), f16)] * 3 + [((96,), f16)] * 3),
 ]
 
 
@@ -1221,3 +1210,67 @@ def test_mhc_sinkhorn_backward_fake_and_errors():
     assert out.shape == (2, 3, 4, 4) and out.dtype == f32
     with pytest.raises(RuntimeError, match="sum must be"):
         torch_npu.npu_mhc_sinkhorn_backward(torch.zeros(5, 4, 4), torch.zeros(8, 4, 4, 5), torch.zeros(8, 4, 4))
+
+
+# ------------------------------------------------------------------ npu_fused_attention_layernorm_qkv_fwd / qkv_grad
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype,atol", [(torch.float32, 1e-5), (torch.float16, 4e-3)])
+def test_fused_attention_layernorm_qkv_fwd(device, dtype, atol):
+    gen = torch.Generator().manual_seed(29)
+    rows, hidden, seq, heads = 6, 8, 3, 2
+    x = torch.randn(rows, hidden, generator=gen)
+    ws = [torch.randn(hidden, hidden, generator=gen) * 0.3 for _ in range(3)]
+    bs = [torch.randn(hidden, generator=gen) for _ in range(3)]
+    gamma, beta = torch.randn(hidden, generator=gen), torch.randn(hidden, generator=gen)
+    c = lambda t: t.to(dtype).to(device)  # noqa: E731
+    got = torch_npu.npu_fused_attention_layernorm_qkv_fwd(c(x), c(ws[0]), c(ws[1]), c(ws[2]), c(gamma), c(beta),
+                                                          c(bs[0]), c(bs[1]), None, seq_len=seq, num_heads=heads,
+                                                          eps=1e-5)
+    xd = x.to(dtype).double()
+    mu = xd.sum(-1, keepdim=True) / hidden
+    var = ((xd - mu) ** 2).sum(-1, keepdim=True) / hidden
+    rstd = 1 / torch.sqrt(var + 1e-5)
+    norm = (xd - mu) * rstd * gamma.to(dtype).double() + beta.to(dtype).double()
+    def heads_of(y):
+        return y.reshape(rows // seq, seq, heads, hidden // heads).permute(0, 2, 1, 3)
+    refs = [norm] + [heads_of(norm @ w.to(dtype).double() + (b.to(dtype).double() if b is not None else 0))
+                     for w, b in zip(ws, bs[:2] + [None])] + [mu.squeeze(-1), rstd.squeeze(-1)]
+    assert [tuple(t.shape) for t in got] == [(6, 8), (2, 2, 3, 4), (2, 2, 3, 4), (2, 2, 3, 4), (6,), (6,)]
+    assert all(t.dtype == dtype for t in got)
+    for a, b in zip(got, refs):
+        _close(a, b, atol * 4, atol * 4)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fused_attention_qkv_grad(device):
+    gen = torch.Generator().manual_seed(30)
+    rows, hidden = 6, 8
+    rnd = lambda *s: torch.randn(*s, generator=gen, dtype=torch.float64)  # noqa: E731
+    h = rnd(rows, hidden).requires_grad_(True)
+    ws = [rnd(hidden, hidden).requires_grad_(True) for _ in range(3)]
+    bs = [rnd(hidden).requires_grad_(True) for _ in range(3)]
+    gs = [rnd(rows, hidden) for _ in range(3)]
+    g_ln = rnd(rows, hidden)
+    loss = sum(((h @ w + b) * g).sum() for w, b, g in zip(ws, bs, gs)) + (h * g_ln).sum()
+    r = torch.autograd.grad(loss, [h] + ws + bs)
+    d = lambda t: t.detach().to(device)  # noqa: E731
+    got = torch_npu.npu_fused_attention_qkv_grad(d(gs[0]), d(gs[1]), d(gs[2]), d(ws[0]), d(ws[1]), d(ws[2]), d(h),
+                                                 d(g_ln))
+    assert [tuple(t.shape) for t in got] == [(6, 8)] + [(8, 8)] * 3 + [(8,)] * 3
+    for a, b in zip(got, r):
+        _close(a, b, 1e-10, 1e-10)
+
+
+def test_fused_attention_ln_qkv_fake_and_errors():
+    with FakeTensorMode():
+        got = ops.npu_fused_attention_layernorm_qkv_fwd(_r(64, 96, dtype=f16), _r(96, 96, dtype=f16),
+                                                        _r(96, 96, dtype=f16), _r(96, 96, dtype=f16),
+                                                        _r(96, dtype=f16), _r(96, dtype=f16), seq_len=32, num_heads=3)
+        grads = ops.npu_fused_attention_qkv_grad(*([_r(64, 96, dtype=f16)] * 3), *([_r(96, 96, dtype=f16)] * 3),
+                                                 _r(64, 96, dtype=f16), _r(64, 96, dtype=f16))
+    assert [tuple(t.shape) for t in got] == [(64, 96), (2, 3, 32, 32), (2, 3, 32, 32), (2, 3, 32, 32), (64,), (64,)]
+    assert [tuple(t.shape) for t in grads] == [(64, 96)] + [(96, 96)] * 3 + [(96,)] * 3
+    with pytest.raises(RuntimeError, match="divisible by seq_len"):
+        torch_npu.npu_fused_attention_layernorm_qkv_fwd(torch.randn(5, 8), *([torch.randn(8, 8)] * 3),
+                                                        torch.randn(8), torch.randn(8), seq_len=2, num_heads=2)

@@ -111,35 +111,3 @@ def npu_nsa_select_attention_infer_meta(query, key, value, topk_indices, scale_v
     if layout == "TND":
         return query.new_empty((query.shape[0], query.shape[1], dv))
     return query.new_empty((query.shape[0], query.shape[1], head_num * dv))
-
-
-# ---------------------------------------------------------------- fused attention (layernorm + qkv) family
-
-@meta("npu_fused_attention_layernorm_qkv_fwd")
-def npu_fused_attention_layernorm_qkv_fwd_meta(x, kernel_query, kernel_key, kernel_value, gamma, beta,
-                                               bias_query=None, bias_key=None, bias_value=None, seq_len=128,
-                                               num_heads=12, eps=1e-05):
-    """[norm like x, query / key / value [B, N, S, D] (B = x.size(0) / seq_len, D = x.size(1) /
-    num_heads) in the kernels' dtypes, mean / variance [x.size(0)] in kernel_query's dtype], as
-    op-plugin allocates them."""
-    op = "npu_fused_attention_layernorm_qkv_fwd"
-    check(seq_len != 0 or num_heads != 0, op, "seq_len and num_heads cannot be equal to 0.")
-    check(x.dim() >= 2, op, "x must be at least 2 dimensions, but got %d" % x.dim())
-    check(x.shape[0] % seq_len == 0 and x.shape[1] % num_heads == 0, op,
-          "x.size(0) should be divisible by seq_len and x.size(1) should be divisible by num_heads.")
-    qkv = (x.shape[0] // seq_len, num_heads, seq_len, x.shape[1] // num_heads)
-    return [torch.empty_like(x), kernel_query.new_empty(qkv), kernel_key.new_empty(qkv), kernel_value.new_empty(qkv),
-            kernel_query.new_empty((x.shape[0],)), kernel_query.new_empty((x.shape[0],))]
-
-
-@meta("npu_fused_attention_qkv_grad")
-def npu_fused_attention_qkv_grad_meta(grad_output_query, grad_output_key, grad_output_value, query_kernel, key_kernel,
-                                      value_kernel, hidden_states, grad_output_ln):
-    """[grad_hidden_states like hidden_states, grad_w_query / key / value like the kernels, grad_b_query /
-    key / value [kernel.size(0)] in the kernels' dtypes], as op-plugin allocates them."""
-    op = "npu_fused_attention_qkv_grad"
-    for name, k in (("query_kernel", query_kernel), ("key_kernel", key_kernel), ("value_kernel", value_kernel)):
-        check(k.dim() >= 1, op, "%s must be at least 1 dimensions, but got %d" % (name, k.dim()))
-    return [torch.empty_like(hidden_states), torch.empty_like(query_kernel), torch.empty_like(key_kernel),
-            torch.empty_like(value_kernel), query_kernel.new_empty((query_kernel.shape[0],)),
-            key_kernel.new_empty((key_kernel.shape[0],)), value_kernel.new_empty((value_kernel.shape[0],))]
