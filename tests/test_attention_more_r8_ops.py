@@ -532,11 +532,6 @@ META_CASES = [
                                             _r(5, 2, 128, dtype=bf16), 0.1, 4, 32, 16, 64, 16,
                                             actual_seq_qlen=[6], actual_cmp_seq_kvlen=[5], actual_sel_seq_kvlen=[2]),
      [((6, 4, 128), bf16), ((6, 2, 16), i32), ((6, 4, 8), f32), ((6, 4, 8), f32)]),
-    ("npu_nsa_compress_infer.cache",
-     lambda: ops.npu_nsa_compress_infer.cache(_r(4, 128, 2, 16, dtype=f16), _r(32, 2, dtype=f16),
-                                              _r(2, dtype=i32), 32, 16, 128, block_table=_r(2, 2, dtype=i32),
-                                              actual_seq_len=[40, 70], cache=_r(8, 2, 16, dtype=f16)),
-     [((8, 2, 16), f16)]),
     ("npu_nsa_compress_attention_infer",
      lambda: ops.npu_nsa_compress_attention_infer(_r(20, 8, 192, dtype=bf16), _r(160, 128, 384, dtype=bf16),
                                                   _r(160, 128, 256, dtype=bf16), 1.0, 8, 2, 64, 16, 128, 32, 16,
@@ -1274,3 +1269,44 @@ def test_fused_attention_ln_qkv_fake_and_errors():
     with pytest.raises(RuntimeError, match="divisible by seq_len"):
         torch_npu.npu_fused_attention_layernorm_qkv_fwd(torch.randn(5, 8), *([torch.randn(8, 8)] * 3),
                                                         torch.randn(8), torch.randn(8), seq_len=2, num_heads=2)
+
+
+# ------------------------------------------------------------------ npu_nsa_compress_infer.cache
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype,atol", [(torch.float16, 2e-2), (torch.bfloat16, 1.5e-1)])
+def test_nsa_compress_infer_cache(device, dtype, atol):
+    gen = torch.Generator().manual_seed(31)
+    page, n, d, block, stride = 16, 2, 16, 32, 16
+    kv = torch.randn(6, page, n, d, generator=gen).to(dtype)
+    w = torch.randn(block, n, generator=gen).to(dtype)
+    table = torch.tensor([[4, 1, 3], [0, 5, 2], [2, 0, 1]], dtype=torch.int32)
+    lens = [48, 40, 32]            # batch 1: (40-32) % 16 != 0 -> untouched
+    slots = torch.tensor([3, 0, 1], dtype=torch.int32)
+    cache = torch.full((5, n, d), 7.0).to(dtype)
+    expected = cache.double().clone()
+    for b, s in enumerate(lens):
+        if s >= block and (s - block) % stride == 0:
+            acc_ = torch.zeros(n, d, dtype=torch.float64)
+            for j in range(block):
+                t = s - block + j
+                acc_ += kv[int(table[b, t // page]), t % page].double() * w[j].double().unsqueeze(-1)
+            expected[int(slots[b])] = acc_
+    c = cache.to(device)
+    out = torch.ops.npu.npu_nsa_compress_infer.cache(kv.to(device), w.to(device), slots.to(device), block, stride,
+                                                     page, block_table=table.to(device), actual_seq_len=lens, cache=c)
+    assert out is c and out.dtype == dtype
+    _close(out, expected, atol, 1e-2)
+
+
+def test_nsa_compress_infer_cache_fake_and_errors():
+    with FakeTensorMode():
+        c = _r(8, 2, 16, dtype=f16)
+        out = ops.npu_nsa_compress_infer.cache(_r(4, 128, 2, 16, dtype=f16), _r(32, 2, dtype=f16), _r(2, dtype=i32),
+                                               32, 16, 128, block_table=_r(2, 2, dtype=i32), actual_seq_len=[48, 70],
+                                               cache=c)
+    assert out is c
+    with pytest.raises(RuntimeError, match="weight must be"):
+        torch.ops.npu.npu_nsa_compress_infer.cache(torch.zeros(2, 16, 1, 16), torch.zeros(16, 2), torch.zeros(1).int(),
+                                                   16, 16, 16, block_table=torch.zeros(1, 2).int(),
+                                                   actual_seq_len=[16], cache=torch.zeros(2, 1, 16))

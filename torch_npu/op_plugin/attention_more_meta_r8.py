@@ -39,13 +39,6 @@ def npu_nsa_compress_attention_meta(query, key, value, scale_value, head_num, co
             stat, torch.empty_like(stat))
 
 
-@meta("npu_nsa_compress_infer.cache")
-def npu_nsa_compress_infer_cache_meta(input, weight, slot_mapping, compress_block_size, compress_stride,
-                                      page_block_size, *, block_table=None, actual_seq_len=None, cache):
-    """Writes the compressed tokens into ``cache`` in place and returns it."""
-    return cache
-
-
 # ---------------------------------------------------------------- quant fusion attention
 
 @meta("npu_quant_fusion_attention")

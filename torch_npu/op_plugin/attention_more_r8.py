@@ -247,6 +247,40 @@ def npu_nsa_compress_grad(grad, input, weight, compress_block_size, compress_str
     return input_grad.to(input.dtype), weight_grad.to(weight.dtype)
 
 
+@impl("npu_nsa_compress_infer.cache")
+def npu_nsa_compress_infer_cache(input, weight, slot_mapping, compress_block_size, compress_stride, page_block_size,
+                                 *, block_table=None, actual_seq_len=None, cache):
+    """Decode-time NSA compression (the op-plugin golden): for every batch b whose length
+    S = actual_seq_len[b] just completed a window (S >= L and (S - L) % stride == 0), the last L
+    tokens of its paged KV (logical token j is row j % page_block_size of block
+    block_table[b, j // page_block_size]) are compressed, sum_j weight[j, n] * kv[j, n, :], into
+    cache[slot_mapping[b]]. Other batches leave the cache alone. Returns ``cache``."""
+    op = "npu_nsa_compress_infer"
+    check(input.dim() == 4 and input.shape[1] == page_block_size, op,
+          "input must be the paged KV [block_num, page_block_size=%d, N, D], got %s"
+          % (page_block_size, tuple(input.shape)))
+    n, d = input.shape[2], input.shape[3]
+    block = compress_block_size
+    check(weight.dim() == 2 and tuple(weight.shape) == (block, n), op, "weight must be [compress_block_size=%d, N=%d]"
+          % (block, n))
+    check(block > 0 and compress_stride > 0, op, "compress_block_size and compress_stride must be positive")
+    check(block_table is not None and block_table.dim() == 2, op, "block_table [B, max_blocks] is required")
+    check(actual_seq_len is not None and len(actual_seq_len) == slot_mapping.shape[0] == block_table.shape[0], op,
+          "actual_seq_len, slot_mapping and block_table must have one entry per batch")
+    check(cache.dim() == 3 and tuple(cache.shape[1:]) == (n, d), op, "cache must be [slots, N=%d, D=%d]" % (n, d))
+    done = [b for b, s in enumerate(actual_seq_len) if int(s) >= block and (int(s) - block) % compress_stride == 0]
+    if not done:
+        return cache
+    dev = input.device
+    pos = torch.tensor([[int(actual_seq_len[b]) - block + j for j in range(block)] for b in done], device=dev)
+    blocks = block_table[torch.tensor(done, device=dev)].long().gather(1, pos // page_block_size)
+    rows = blocks * page_block_size + pos % page_block_size                 # [done, L]
+    kv = acc(input).reshape(-1, n, d)[rows]                                 # [done, L, N, D]
+    compressed = torch.einsum("blnd,ln->bnd", kv, acc(weight))
+    slots = slot_mapping[torch.tensor(done, device=dev)].long()
+    return cache.index_copy_(0, slots, compressed.to(cache.dtype))
+
+
 # ---------------------------------------------------------------- floyd attention
 
 def _floyd_check(op, q, k1, v1, k2, v2, atten_mask):
