@@ -527,11 +527,6 @@ def _r(*shape, dtype=f32):
 
 
 META_CASES = [
-    ("npu_nsa_compress_attention",
-     lambda: ops.npu_nsa_compress_attention(_r(6, 4, 192, dtype=bf16), _r(5, 2, 192, dtype=bf16),
-                                            _r(5, 2, 128, dtype=bf16), 0.1, 4, 32, 16, 64, 16,
-                                            actual_seq_qlen=[6], actual_cmp_seq_kvlen=[5], actual_sel_seq_kvlen=[2]),
-     [((6, 4, 128), bf16), ((6, 2, 16), i32), ((6, 4, 8), f32), ((6, 4, 8), f32)]),
     ("npu_nsa_compress_attention_infer",
      lambda: ops.npu_nsa_compress_attention_infer(_r(20, 8, 192, dtype=bf16), _r(160, 128, 384, dtype=bf16),
                                                   _r(160, 128, 256, dtype=bf16), 1.0, 8, 2, 64, 16, 128, 32, 16,
@@ -1310,3 +1305,85 @@ def test_nsa_compress_infer_cache_fake_and_errors():
         torch.ops.npu.npu_nsa_compress_infer.cache(torch.zeros(2, 16, 1, 16), torch.zeros(16, 2), torch.zeros(1).int(),
                                                    16, 16, 16, block_table=torch.zeros(1, 2).int(),
                                                    actual_seq_len=[16], cache=torch.zeros(2, 1, 16))
+
+
+# ------------------------------------------------------------------ npu_nsa_compress_attention
+
+def _compress_attention_ref(q, k, v, scale, cblock, stride, sblock, count, topk_mask, mask, cum_q, cum_k, cum_s):
+    """The op-plugin golden's formula as float64 loops."""
+    n1, n2 = q.shape[1], v.shape[1]
+    grp = n1 // n2
+    m, n = sblock // stride, cblock // stride
+    inner = m + n - 1
+    times = [min(j + 1 if j < inner / 2 else inner - j, n) for j in range(inner)]
+    outs, maxes, sums, tops = [], [], [], []
+    for b in range(len(cum_q)):
+        q0, k0, s_0 = (0, 0, 0) if b == 0 else (cum_q[b - 1], cum_k[b - 1], cum_s[b - 1])
+        s1, s2, nsel = cum_q[b] - q0, cum_k[b] - k0, cum_s[b] - s_0
+        p = torch.zeros(n1, s1, s2, dtype=torch.float64)
+        for h in range(n1):
+            logit = q[q0:q0 + s1, h].double() @ k[k0:k0 + s2, h // grp].double().t() * scale
+            if mask is not None:
+                logit = logit - 40000.0 * mask[:s1, :s2].double()
+            mx = logit.max(-1, keepdim=True).values
+            e = torch.exp(logit - mx)
+            p[h] = e / e.sum(-1, keepdim=True)
+            maxes.append(mx.squeeze(-1))
+            sums.append(e.sum(-1))
+        outs.append(torch.einsum("hst,thd->shd", p, v[k0:k0 + s2].double().repeat_interleave(grp, dim=1)))
+        top = torch.zeros(s1, n2, count, dtype=torch.int64)
+        for g2 in range(n2):
+            for s in range(s1):
+                scores = []
+                for jb in range(nsel):
+                    val = 0.0
+                    for j in range(inner):
+                        t = m * (jb + 1) - j
+                        if 0 <= t < s2:
+                            val += times[j] * float(p[g2 * grp:(g2 + 1) * grp, s, t].sum())
+                    if topk_mask is not None and bool(topk_mask[s, jb]):
+                        val = 23333.0
+                    scores.append(val)
+                order = sorted(range(nsel), key=lambda j: (-scores[j], j))
+                top[s, g2] = torch.tensor(order[:count])
+        tops.append(top)
+    mx = torch.cat([torch.stack(maxes[i * n1:(i + 1) * n1], 1) for i in range(len(cum_q))])
+    sm = torch.cat([torch.stack(sums[i * n1:(i + 1) * n1], 1) for i in range(len(cum_q))])
+    return torch.cat(outs), torch.cat(tops), mx, sm
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("masks", [False, True])
+def test_nsa_compress_attention(device, masks):
+    gen = torch.Generator().manual_seed(32)
+    cum_q, cum_k, cum_s = [3, 8], [10, 21], [3, 6]
+    q = torch.randn(8, 4, 16, generator=gen).half()
+    k = torch.randn(21, 2, 16, generator=gen).half()
+    v = torch.randn(21, 2, 8, generator=gen).half()
+    topk_mask = torch.eye(5, 3, dtype=torch.bool) if masks else None
+    mask = torch.ones(5, 11).triu(4).to(torch.uint8) if masks else None
+    out, top, mx, sm = torch_npu.npu_nsa_compress_attention(
+        q.to(device), k.to(device), v.to(device), 0.3, 4, 32, 16, 64, 2,
+        topk_mask=None if topk_mask is None else topk_mask.to(device), atten_mask=None if mask is None else
+        mask.to(device), actual_seq_qlen=cum_q, actual_cmp_seq_kvlen=cum_k, actual_sel_seq_kvlen=cum_s)
+    r_out, r_top, r_mx, r_sm = _compress_attention_ref(q, k, v, 0.3, 32, 16, 64, 2, topk_mask, mask, cum_q, cum_k,
+                                                       cum_s)
+    assert out.shape == (8, 4, 8) and out.dtype == torch.float16
+    assert top.dtype == torch.int32 and torch.equal(top.cpu().long(), r_top)
+    assert mx.shape == (8, 4, 8) and mx.dtype == torch.float32
+    _close(out, r_out, 3e-3, 1e-2)
+    _close(mx, r_mx.unsqueeze(-1).expand(8, 4, 8), 1e-3, 1e-3)
+    _close(sm, r_sm.unsqueeze(-1).expand(8, 4, 8), 1e-3, 1e-3)
+
+
+def test_nsa_compress_attention_fake_and_errors():
+    with FakeTensorMode():
+        res = ops.npu_nsa_compress_attention(_r(6, 4, 192, dtype=bf16), _r(5, 2, 192, dtype=bf16),
+                                             _r(5, 2, 128, dtype=bf16), 0.1, 4, 32, 16, 64, 2, actual_seq_qlen=[6],
+                                             actual_cmp_seq_kvlen=[5], actual_sel_seq_kvlen=[2])
+    assert [(tuple(t.shape), t.dtype) for t in res] == [((6, 4, 128), bf16), ((6, 2, 2), i32), ((6, 4, 8), f32),
+                                                        ((6, 4, 8), f32)]
+    with pytest.raises(NotImplementedError, match="select_block_count 3 exceeds"):
+        torch_npu.npu_nsa_compress_attention(torch.zeros(2, 2, 16).half(), torch.zeros(4, 2, 16).half(),
+                                             torch.zeros(4, 2, 16).half(), 1.0, 2, 32, 16, 64, 3, actual_seq_qlen=[2],
+                                             actual_cmp_seq_kvlen=[4], actual_sel_seq_kvlen=[2])

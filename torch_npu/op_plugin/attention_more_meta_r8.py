@@ -12,31 +12,6 @@ from torch_npu.op_plugin._registry import meta
 
 __all__ = []
 
-_MAX = 2147483647
-
-
-# ---------------------------------------------------------------- native sparse attention
-
-@meta("npu_nsa_compress_attention")
-def npu_nsa_compress_attention_meta(query, key, value, scale_value, head_num, compress_block_size, compress_stride,
-                                    select_block_size, select_block_count, *, topk_mask=None, atten_mask=None,
-                                    actual_seq_qlen=None, actual_cmp_seq_kvlen=None, actual_sel_seq_kvlen=None):
-    """(attention_out [T, N1, D2] in query's dtype, topk_indices [T, N2, select_block_count] int32,
-    softmax_max / softmax_sum [T, N1, 8] float32); TND only."""
-    op = "npu_nsa_compress_attention"
-    check(query.dim() == 3 and key.dim() == 3 and value.dim() == 3, op, "query, key and value must be TND (3-D)")
-    check(query.shape[2] == key.shape[2] and key.shape[2] >= value.shape[2], op,
-          "query D must equal key D, and key D must be >= value D")
-    check(query.dtype == key.dtype == value.dtype, op, "query, key and value dtypes must match")
-    for name, size in (("compress_block_size", compress_block_size), ("compress_stride", compress_stride),
-                       ("select_block_size", select_block_size)):
-        check(size > 0 and size % 16 == 0, op, "%s must be a positive multiple of 16, got %d" % (name, size))
-    check(compress_block_size >= compress_stride, op, "compress_block_size must be >= compress_stride")
-    t, n1 = query.shape[0], query.shape[1]
-    stat = query.new_empty((t, n1, 8), dtype=torch.float32)
-    return (query.new_empty((t, n1, value.shape[2])),
-            query.new_empty((t, key.shape[1], select_block_count), dtype=torch.int32),
-            stat, torch.empty_like(stat))
 
 
 # ---------------------------------------------------------------- quant fusion attention
@@ -57,7 +32,7 @@ def npu_quant_fusion_attention_meta(query, key, value, head_num, input_layout, *
             query.new_empty([0], dtype=torch.float16), 0, 0, 0)
 
 
-# ---------------------------------------------------------------- mHC
+# ---------------------------------------------------------------- native sparse attention (inference, paged)
 
 def _paged_value_dim(op, value, kv_heads):
     """Head dim of a paged value cache (block_num, block_size, H) or (block_num, block_size, N, D)."""

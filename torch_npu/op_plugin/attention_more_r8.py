@@ -464,3 +464,86 @@ def npu_nsa_select_attention_grad(grad, query, key, value, attention_out, softma
 
     dt = query.dtype
     return dq.to(dt), scatter(dk_sel, d1).to(dt).contiguous(), scatter(dv_sel, d2).to(dt).contiguous()
+
+
+# ---------------------------------------------------------------- NSA compress attention
+
+def _importance_weights(m, n, device, dtype):
+    """Weight of compressed position m*i - j (j = 0 .. m+n-2) in selection block i-1 (the golden)."""
+    inner = m + n - 1
+    w = [min(j + 1 if j < inner / 2 else inner - j, n) for j in range(inner)]
+    return torch.tensor(w, dtype=dtype, device=device)
+
+
+@impl("npu_nsa_compress_attention")
+def npu_nsa_compress_attention(query, key, value, scale_value, head_num, compress_block_size, compress_stride,
+                               select_block_size, select_block_count, *, topk_mask=None, atten_mask=None,
+                               actual_seq_qlen=None, actual_cmp_seq_kvlen=None, actual_sel_seq_kvlen=None):
+    """NSA compress attention and top-k block selection (the op-plugin golden), per batch b
+    (cumulative lengths: queries, compressed keys, selection blocks):
+
+        P   = softmax(scale * q k^T - 40000 * atten_mask)     (atten_mask [S1, S2], 1 = masked)
+        out = P v;  softmax_max / softmax_sum [T, N1, 8] float32 (the row max and sum, repeated)
+        score[j] = sum over the group's heads of sum_t w_t P[m*(j+1) - t]   (m = select/stride,
+                   n = compress/stride, t < m+n-1, w_t = min(t+1 or m+n-1-t, n), terms outside
+                   the compressed keys skipped); topk_mask [S1, S_sel] True forces a block (23333)
+        topk_indices = the select_block_count highest scores (stable, lower index first)
+
+    Returns (attention_out [T, N1, D2], topk_indices [T, N2, count] int32, softmax_max, softmax_sum)."""
+    op = "npu_nsa_compress_attention"
+    check(query.dim() == 3 and key.dim() == 3 and value.dim() == 3, op, "query, key and value must be TND (3-D)")
+    check(query.dtype == key.dtype == value.dtype, op, "query, key and value dtypes must match")
+    check(query.dtype in (torch.float16, torch.bfloat16, torch.float64), op,
+          "dtype must be float16 or bfloat16, got %s" % query.dtype)
+    t1, n1, d1 = query.shape
+    t2, n2, d2 = value.shape
+    check(n1 == head_num and n1 % n2 == 0, op, "query heads (%d) must equal head_num (%d) and be a multiple of key "
+          "heads (%d)" % (n1, head_num, n2))
+    check(tuple(key.shape) == (t2, n2, d1) and d1 >= d2, op, "key must be [T2, N2, D1] with D1 >= value D")
+    for name, size in (("compress_block_size", compress_block_size), ("compress_stride", compress_stride),
+                       ("select_block_size", select_block_size)):
+        check(size > 0 and size % 16 == 0, op, "%s must be a positive multiple of 16, got %d" % (name, size))
+    check(compress_block_size >= compress_stride, op, "compress_block_size must be >= compress_stride")
+    check(select_block_size % compress_stride == 0 and compress_block_size % compress_stride == 0, op,
+          "select_block_size and compress_block_size must be multiples of compress_stride")
+    lists = (actual_seq_qlen, actual_cmp_seq_kvlen, actual_sel_seq_kvlen)
+    check(all(x is not None for x in lists) and len(set(len(x) for x in lists)) == 1, op,
+          "actual_seq_qlen, actual_cmp_seq_kvlen and actual_sel_seq_kvlen are required, one entry per batch")
+    check(int(actual_seq_qlen[-1]) == t1 and int(actual_cmp_seq_kvlen[-1]) == t2, op,
+          "the last cumulative lengths must equal T1 (%d) and T2 (%d)" % (t1, t2))
+    grp = n1 // n2
+    m, n = select_block_size // compress_stride, compress_block_size // compress_stride
+    cdt = torch.float64 if query.dtype == torch.float64 else torch.float32
+    weights = _importance_weights(m, n, query.device, cdt)
+    outs, maxes, sums, tops = [], [], [], []
+    bounds = [tuple(int(x) for x in (0, 0, 0))] + [tuple(int(v) for v in vals) for vals in zip(*lists)]
+    for (q0, k0, s0), (q1, k1, s_end) in zip(bounds[:-1], bounds[1:]):
+        s1, s2, nsel = q1 - q0, k1 - k0, s_end - s0
+        check(s1 >= 0 and s2 >= 0 and nsel >= 0, op, "cumulative lengths must be non-decreasing")
+        if select_block_count > nsel:
+            raise NotImplementedError("%s: select_block_count %d exceeds a batch's %d selection blocks (what the "
+                                      "kernel returns then is not documented)" % (op, select_block_count, nsel))
+        q = acc(query[q0:q1]).to(cdt).view(s1, n2, grp, d1)
+        k, v = acc(key[k0:k1]).to(cdt), acc(value[k0:k1]).to(cdt)
+        logits = torch.einsum("sngd,tnd->ngst", q, k) * scale_value            # [N2, G, S1, S2]
+        if atten_mask is not None:
+            logits = logits - 40000.0 * atten_mask[:s1, :s2].to(torch.bool).to(cdt)
+        row_max = logits.amax(-1, keepdim=True)
+        e = torch.exp(logits - row_max)
+        row_sum = e.sum(-1, keepdim=True)
+        p = e / row_sum
+        outs.append(torch.einsum("ngst,tnd->sngd", p, v).reshape(s1, n1, d2))
+        maxes.append(row_max.reshape(n1, s1).t())
+        sums.append(row_sum.reshape(n1, s1).t())
+        # importance of selection block j: compressed positions m*(j+1) - t, t < m+n-1
+        pos = (torch.arange(1, nsel + 1, device=query.device) * m).unsqueeze(1) - torch.arange(len(weights),
+                                                                                           device=query.device)
+        inside = (pos >= 0) & (pos < s2)
+        gathered = p.sum(1)[..., pos.clamp(0, max(s2 - 1, 0))]                # [N2, S1, nsel, m+n-1]
+        score = (gathered * (weights * inside)).sum(-1)                         # [N2, S1, nsel]
+        if topk_mask is not None:
+            score = score.masked_fill(topk_mask[:s1, :nsel].to(torch.bool), 23333.0)
+        order = torch.sort(score, dim=-1, descending=True, stable=True).indices[..., :select_block_count]
+        tops.append(order.permute(1, 0, 2))
+    stat = lambda parts: torch.cat(parts).to(torch.float32).unsqueeze(-1).expand(t1, n1, 8).contiguous()  # noqa: E731
+    return (torch.cat(outs).to(query.dtype), torch.cat(tops).to(torch.int32), stat(maxes), stat(sums))
