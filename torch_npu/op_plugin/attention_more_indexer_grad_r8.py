@@ -72,7 +72,8 @@ def npu_lightning_indexer_grad(query, key, dy, sparse_indices, weights, actual_s
         check(n2 == 1, op, "sparse_indices without a head dim needs N2 = 1, got %d" % n2)
         idx = idx.unsqueeze(-2)
     check(idx.dim() == lead + 2 and tuple(idx.shape[:lead]) == tuple(query.shape[:lead]) and idx.shape[-2] == n2, op,
-          "sparse_indices must be %s + [N2=%d, K], got %s" % (tuple(query.shape[:lead]), n2, tuple(sparse_indices.shape)))
+          "sparse_indices must be %s + [N2=%d, K], got %s"
+          % (tuple(query.shape[:lead]), n2, tuple(sparse_indices.shape)))
     check(tuple(dy.shape) == tuple(sparse_indices.shape), op, "dy shape %s must equal sparse_indices shape %s"
           % (tuple(dy.shape), tuple(sparse_indices.shape)))
     g = dy.reshape(idx.shape)

@@ -12,8 +12,6 @@ as given, bias gradients (1, E) (op-plugin's shapes). A bias that is absent gets
 it would have had (the kernel leaves that output unwritten). Computed in float32 (float64
 stays float64), returned in the matching input's dtype.
 """
-import torch
-
 from torch_npu.op_plugin._common import acc, check
 from torch_npu.op_plugin._registry import impl
 from torch_npu.op_plugin.training import _unpack

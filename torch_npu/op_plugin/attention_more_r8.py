@@ -209,7 +209,8 @@ def _nsa_check(op, input, weight, block, stride):
     check(input.shape[1] <= 128, op, "N must be <= 128, got %d" % input.shape[1])
     check(input.shape[2] % 16 == 0 and input.shape[2] <= 256, op,
           "D must be a multiple of 16 and <= 256, got %d" % input.shape[2])
-    check(block % 16 == 0 and block <= 128, op, "compress_block_size must be a multiple of 16 and <= 128, got %d" % block)
+    check(block % 16 == 0 and block <= 128, op,
+          "compress_block_size must be a multiple of 16 and <= 128, got %d" % block)
     check(stride % 16 == 0 and 0 < stride <= block, op,
           "compress_stride must be a multiple of 16 and <= compress_block_size, got %d" % stride)
 
