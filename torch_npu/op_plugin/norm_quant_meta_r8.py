@@ -265,15 +265,6 @@ def npu_kronecker_quant_meta(x, kronecker_p1, kronecker_p2, clip_ratio=None, dst
     return _new(x, _packed(op, x.shape, 8), torch.int32), _new(x, [x.shape[0]], torch.float32)
 
 
-@meta("npu_dequant_bias")
-def npu_dequant_bias_meta(x, weight_scale, activation_scale, bias, *, output_dtype=None):
-    """``y`` with x's shape in ``output_dtype`` (float16 by default, or bfloat16)."""
-    op = "npu_dequant_bias"
-    dt = torch.float16 if output_dtype is None else output_dtype
-    _fail(dt in (torch.float16, torch.bfloat16), op, "Only supported output_dtype is float16 and bfloat16")
-    return _new(x, x.shape, dt)
-
-
 # ------------------------------------------------------------------ SwiGLU + quantisation
 
 
@@ -281,40 +272,6 @@ def _half_dim(shape, dim):
     shape = list(shape)
     shape[dim] //= 2
     return shape
-
-
-@meta("npu_swiglu_quant")
-def npu_swiglu_quant_meta(x, *, smooth_scales=None, offsets=None, group_index=None, activate_left=False, quant_mode=0,
-                          group_list_type=0, dst_type=None):
-    """``(y, scale)``: y int8 with x's shape and the last dim halved (quarter for quint4x2:
-    two int4 per int8); scale float32 over the leading dims."""
-    op = "npu_swiglu_quant"
-    _fail(quant_mode in (0, 1), op, "quant_mode only support 0(static) or 1(dynamic), but got %r" % (quant_mode,))
-    _fail(group_list_type in (0, 1), op,
-          "group_list_type only support 0(cumsum) or 1(count), but got %r" % (group_list_type,))
-    _fail(dst_type in (None, torch.int8, torch.quint4x2), op,
-          "dtype must be torch.int8 for int8 or torch.quint4x2 for int4")
-    last = x.shape[-1]
-    _fail(last % 2 == 0, op, "x last dim size should be even")
-    _fail(dst_type != torch.quint4x2 or last % 4 == 0, op,
-          "x shape last dim must be divded by 4 when dst_type is torch.quint4x2, but got %d" % last)
-    y_last = last // 2 if dst_type != torch.quint4x2 else last // 4
-    return _new(x, list(x.shape[:-1]) + [y_last], torch.int8), _new(x, list(x.shape[:-1]), torch.float32)
-
-
-@meta("npu_dequant_swiglu_quant")
-def npu_dequant_swiglu_quant_meta(x, *, weight_scale=None, activation_scale=None, bias=None, quant_scale=None,
-                                  quant_offset=None, group_index=None, activate_left=False, quant_mode=0,
-                                  dst_type=None, round_mode=None, activate_dim=None, swiglu_mode=0, clamp_limit=7.0,
-                                  glu_alpha=1.702, glu_bias=1.0):
-    """``(y, scale)``: ``activate_dim`` (default -1) halved; y in ``dst_type`` (default int8,
-    float4 packed); scale float32 over every dim but the last (the activate dim halved)."""
-    op = "npu_dequant_swiglu_quant"
-    dim = (-1 if activate_dim is None else activate_dim) % x.dim()
-    dt, per = _storage(op, "dst_type", 1 if dst_type is None else dst_type)
-    y_shape = _packed(op, _half_dim(x.shape, dim), per)
-    scale_shape = _half_dim(x.shape, dim)[:-1] if dim < x.dim() - 1 else list(x.shape[:-1])
-    return _new(x, y_shape, dt), _new(x, scale_shape, torch.float32)
 
 
 @meta("npu_swiglu_group_quant")

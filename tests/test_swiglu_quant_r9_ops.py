@@ -1,0 +1,295 @@
+"""Round-9 swiglu-quant / dequant ops (torch_npu/op_plugin/swiglu_quant_r9.py).
+
+References are written here from the op-plugin goldens / CANN kernel formulas in float64 with
+explicit per-row / per-group loops on CPU tensors; the emulation computes in float32, so int8
+results may land on the other side of a rounding boundary (at most 1 apart, nearly all equal).
+"""
+import math
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import torch_npu  # noqa: F401  (registers torch.ops.npu)
+
+DEVICES = ["cpu", "npu"]
+FLOATS = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def _silu(v):
+    return v / (1.0 + math.exp(-v))
+
+
+def _assert_int8_close(got, ref):
+    assert got.dtype == torch.int8
+    diff = (got.cpu().double() - ref).abs()
+    assert float(diff.max()) <= 1.0
+    assert float((diff == 0).double().mean()) >= 0.97
+
+
+def _dynamic_row(values, peak_to_scale):
+    """float64 int8 row quantisation: factor 127/max, round half to even, saturate."""
+    peak = max(abs(v) for v in values)
+    if peak == 0:
+        return [0.0] * len(values), peak
+    q = [min(127.0, max(-128.0, float(round(v * 127.0 / peak)))) for v in values]
+    return q, peak
+
+
+# ------------------------------------------------------------------ npu_swiglu_quant
+
+
+def _swiglu_quant_ref(x, smooth, group_index, group_list_type, activate_left):
+    """The op-plugin golden's dynamic path, as float64 loops over rows."""
+    rows = x.double().reshape(-1, x.shape[-1]).tolist()
+    n = x.shape[-1] // 2
+    ends = None
+    if group_index is not None:
+        gi = [int(v) for v in group_index.tolist()]
+        ends = gi if group_list_type == 0 else [sum(gi[:k + 1]) for k in range(len(gi))]
+    ys, scales = [], []
+    for r, row in enumerate(rows):
+        a, b = row[:n], row[n:]
+        s = [_silu(a[j]) * b[j] if activate_left else a[j] * _silu(b[j]) for j in range(n)]
+        if smooth is not None:
+            g = 0 if ends is None else sum(1 for e in ends if e <= r)
+            if g < smooth.shape[0]:   # rows past the last group keep factor 1 (the golden)
+                f = smooth.double()[g].reshape(-1).tolist()
+                s = [s[j] * (f[j] if len(f) > 1 else f[0]) for j in range(n)]
+        q, peak = _dynamic_row(s, 127.0)
+        ys.append(q)
+        scales.append(127.0 / peak if peak else math.inf)
+    lead = list(x.shape[:-1])
+    return torch.tensor(ys, dtype=torch.float64).reshape(lead + [n]), torch.tensor(scales, dtype=torch.float64).reshape(lead)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("activate_left", [False, True])
+def test_swiglu_quant_dynamic_no_groups(device, dtype, activate_left):
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 32).to(dtype)
+    smooth = torch.rand(1, 16) + 0.5
+    y, scale = torch.ops.npu.npu_swiglu_quant(x.to(device), smooth_scales=smooth.to(device),
+                                              activate_left=activate_left, quant_mode=1)
+    ref_y, ref_scale = _swiglu_quant_ref(x, smooth, None, 0, activate_left)
+    assert y.device.type == device and y.shape == (2, 5, 16) and scale.shape == (2, 5)
+    assert scale.dtype == torch.float32
+    _assert_int8_close(y, ref_y)
+    torch.testing.assert_close(scale.cpu().double(), ref_scale, rtol=1e-5, atol=0)
+    # no smooth_scales: plain SwiGLU; per-tensor smooth [1]
+    y2, s2 = torch.ops.npu.npu_swiglu_quant(x.to(device), quant_mode=1, activate_left=activate_left)
+    r2, rs2 = _swiglu_quant_ref(x, None, None, 0, activate_left)
+    _assert_int8_close(y2, r2)
+    torch.testing.assert_close(s2.cpu().double(), rs2, rtol=1e-5, atol=0)
+    y3, _ = torch.ops.npu.npu_swiglu_quant(x.to(device), smooth_scales=torch.tensor([2.0], device=device),
+                                           quant_mode=1, activate_left=activate_left)
+    _assert_int8_close(y3, r2)   # a uniform factor does not change the quantised values
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("group_list_type", [0, 1])
+def test_swiglu_quant_groups(device, group_list_type):
+    torch.manual_seed(1)
+    x = torch.randn(9, 16)
+    smooth = torch.randn(3, 8)
+    counts = [2, 4, 1]          # rows 7 and 8 lie past the last group
+    gi = torch.tensor(counts if group_list_type == 1 else [2, 6, 7], dtype=torch.int32)
+    offsets = torch.randn(3, 8)   # no effect in the dynamic mode
+    y, scale = torch.ops.npu.npu_swiglu_quant(x.to(device), smooth_scales=smooth.to(device), offsets=offsets.to(device),
+                                              group_index=gi.to(device), quant_mode=1,
+                                              group_list_type=group_list_type, dst_type=torch.int8)
+    ref_y, ref_scale = _swiglu_quant_ref(x, smooth, gi, group_list_type, False)
+    _assert_int8_close(y, ref_y)
+    torch.testing.assert_close(scale.cpu().double(), ref_scale, rtol=1e-5, atol=0)
+    # per-tensor smooth factors [G]
+    smooth_t = torch.tensor([0.5, 3.0, -1.0])
+    y, scale = torch.ops.npu.npu_swiglu_quant(x.to(device), smooth_scales=smooth_t.to(device),
+                                              group_index=gi.to(device), quant_mode=1,
+                                              group_list_type=group_list_type)
+    ref_y, ref_scale = _swiglu_quant_ref(x, smooth_t, gi, group_list_type, False)
+    _assert_int8_close(y, ref_y)
+    torch.testing.assert_close(scale.cpu().double(), ref_scale, rtol=1e-5, atol=0)
+
+
+def test_swiglu_quant_zero_row_and_errors():
+    x = torch.zeros(2, 8)
+    x[1] = torch.arange(8.0)
+    y, scale = torch.ops.npu.npu_swiglu_quant(x, quant_mode=1)
+    assert y[0].eq(0).all() and math.isinf(float(scale[0]))
+    with pytest.raises(NotImplementedError, match="quant_mode=0"):
+        torch.ops.npu.npu_swiglu_quant(x)
+    with pytest.raises(NotImplementedError, match="quint4x2"):
+        torch.ops.npu.npu_swiglu_quant(x, quant_mode=1, dst_type=torch.quint4x2)
+    with pytest.raises(RuntimeError, match="dtype must be torch.int8"):
+        torch.ops.npu.npu_swiglu_quant(x, quant_mode=1, dst_type=torch.float16)
+    with pytest.raises(RuntimeError, match="quant_mode only support"):
+        torch.ops.npu.npu_swiglu_quant(x, quant_mode=2)
+    with pytest.raises(RuntimeError, match="even"):
+        torch.ops.npu.npu_swiglu_quant(torch.zeros(2, 7), quant_mode=1)
+    with pytest.raises(RuntimeError, match="one group"):
+        torch.ops.npu.npu_swiglu_quant(x, quant_mode=1, smooth_scales=torch.ones(2, 4))
+    with pytest.raises(RuntimeError, match="group_index must be 1-D of length 2"):
+        torch.ops.npu.npu_swiglu_quant(x, quant_mode=1, smooth_scales=torch.ones(2, 4),
+                                       group_index=torch.tensor([2], dtype=torch.int32))
+
+
+# ------------------------------------------------------------------ npu_dequant_swiglu_quant
+
+
+def _dequant_swiglu_ref(x, ws, act, qs, activate_left):
+    """The op-plugin golden (dynamic), float64 loops."""
+    two_h = x.shape[-1]
+    h = two_h // 2
+    xs = x.reshape(-1, two_h).tolist()
+    w = ws.double().reshape(-1).tolist()
+    a = act.double().reshape(-1).tolist()
+    q = qs.double().reshape(-1).tolist()
+    ys, scales = [], []
+    for r, row in enumerate(xs):
+        d = [row[j] * w[j] * a[r] for j in range(two_h)]
+        first, second = d[:h], d[h:]
+        s = [(_silu(first[j]) * second[j] if activate_left else _silu(second[j]) * first[j]) * q[j] for j in range(h)]
+        yq, peak = _dynamic_row(s, 127.0)
+        ys.append(yq)
+        scales.append(peak / 127.0)
+    lead = list(x.shape[:-1])
+    return torch.tensor(ys, dtype=torch.float64).reshape(lead + [h]), torch.tensor(scales, dtype=torch.float64).reshape(lead)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("activate_left", [False, True])
+def test_dequant_swiglu_quant_golden_path(device, activate_left):
+    torch.manual_seed(2)
+    x = torch.randint(-10, 10, (6, 32), dtype=torch.int32)
+    ws = torch.randn(32) * 0.1
+    act = torch.randn(6, 1) * 0.5
+    qs = torch.randn(1, 16)
+    y, scale = torch.ops.npu.npu_dequant_swiglu_quant(x.to(device), weight_scale=ws.to(device),
+                                                      activation_scale=act.to(device), quant_scale=qs.to(device),
+                                                      activate_left=activate_left, quant_mode=1)
+    ref_y, ref_scale = _dequant_swiglu_ref(x, ws, act, qs, activate_left)
+    assert y.device.type == device and y.shape == (6, 16) and scale.dtype == torch.float32
+    _assert_int8_close(y, ref_y)
+    torch.testing.assert_close(scale.cpu().double(), ref_scale, rtol=1e-5, atol=1e-12)
+    # 3-D x, [2H]-shaped quant scale given as [1, 2H] weight scale, [tokens] activation scale
+    x3 = x.reshape(2, 3, 32)
+    y3, s3 = torch.ops.npu.npu_dequant_swiglu_quant(x3.to(device), weight_scale=ws.reshape(1, 32).to(device),
+                                                    activation_scale=act.reshape(6).to(device),
+                                                    quant_scale=qs.reshape(16).to(device),
+                                                    activate_left=activate_left, quant_mode=1, activate_dim=-1)
+    assert y3.shape == (2, 3, 16) and s3.shape == (2, 3)
+    _assert_int8_close(y3, ref_y.reshape(2, 3, 16))
+
+
+def test_dequant_swiglu_quant_not_emulated_modes():
+    x = torch.randint(-5, 5, (4, 8), dtype=torch.int32)
+    kw = dict(weight_scale=torch.ones(8), activation_scale=torch.ones(4, 1), quant_mode=1)
+    op = torch.ops.npu.npu_dequant_swiglu_quant
+    with pytest.raises(NotImplementedError, match="quant_mode=0"):
+        op(x, weight_scale=torch.ones(8), activation_scale=torch.ones(4, 1))
+    for extra, word in [(dict(bias=torch.ones(8)), "bias"), (dict(quant_offset=torch.ones(4)), "quant_offset"),
+                        (dict(group_index=torch.tensor([4])), "group_index"), (dict(swiglu_mode=1), "swiglu_mode"),
+                        (dict(dst_type=296), "dst_type"), (dict(round_mode=4), "round_mode"),
+                        (dict(activate_dim=0), "activate_dim")]:
+        with pytest.raises(NotImplementedError, match=word):
+            op(x, **kw, **extra)
+    with pytest.raises(NotImplementedError, match="float16"):
+        op(x.half(), **kw)
+    with pytest.raises(RuntimeError, match="weight_scale must be"):
+        op(x, weight_scale=torch.ones(4), activation_scale=torch.ones(4, 1), quant_mode=1)
+
+
+# ------------------------------------------------------------------ npu_dequant_bias
+
+
+def _dequant_bias_ref(x, ws, act, bias, out_dtype):
+    """CANN DequantBias: int32 bias added before scaling, float bias after; float64 loops."""
+    m, n = x.shape
+    out = torch.empty(m, n, dtype=torch.float64)
+    for i in range(m):
+        for j in range(n):
+            v = int(x[i, j])
+            if bias is not None and bias.dtype == torch.int32:
+                v += int(bias[j])
+            v = float(v) * float(ws[j].double())
+            if act is not None:
+                v *= float(act[i])
+            if bias is not None and bias.dtype != torch.int32:
+                v += float(bias[j].double())
+            out[i, j] = v
+    return out.to(out_dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("out_dtype", [None, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("bias_dtype", [None, torch.int32, torch.float32, torch.float16, torch.bfloat16])
+def test_dequant_bias(device, out_dtype, bias_dtype):
+    torch.manual_seed(3)
+    x = torch.randint(-300, 300, (5, 7), dtype=torch.int32)
+    ws = torch.rand(7) * 0.1
+    act = torch.rand(5) + 0.5
+    bias = None
+    if bias_dtype is torch.int32:
+        bias = torch.randint(-50, 50, (7,), dtype=torch.int32)
+    elif bias_dtype is not None:
+        bias = torch.randn(7).to(bias_dtype)
+    got = torch.ops.npu.npu_dequant_bias(x.to(device), ws.to(device), act.to(device),
+                                         None if bias is None else bias.to(device), output_dtype=out_dtype)
+    dt = torch.float16 if out_dtype is None else out_dtype
+    ref = _dequant_bias_ref(x, ws, act, bias, dt)
+    assert got.device.type == device and got.dtype == dt and got.shape == (5, 7)
+    # float32 arithmetic then one rounding vs float64 then one rounding: at most one ulp apart
+    tol = 1e-3 if dt == torch.float16 else 8e-3
+    torch.testing.assert_close(got.cpu().double(), ref.double(), rtol=tol, atol=1e-3)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_dequant_bias_golden_no_optionals_and_bf16_scale(device):
+    x = torch.randint(0, 255, (4, 5), dtype=torch.int32)
+    ws = torch.rand(5)
+    got = torch.ops.npu.npu_dequant_bias(x.to(device), ws.to(device), None, None, output_dtype=torch.float16)
+    torch.testing.assert_close(got.cpu(), (x.double() * ws.double()).half(), rtol=1e-3, atol=0)
+    ws_bf = ws.bfloat16()
+    got = torch.ops.npu.npu_dequant_bias(x.to(device), ws_bf.to(device), None, None, output_dtype=torch.bfloat16)
+    torch.testing.assert_close(got.cpu(), (x.double() * ws_bf.double()).bfloat16(), rtol=8e-3, atol=0)
+    # int32 bias really goes in before the scaling: (x + b) * s differs from x * s + b
+    b = torch.full((5,), 10, dtype=torch.int32)
+    got = torch.ops.npu.npu_dequant_bias(x.to(device), ws.to(device), None, b.to(device), output_dtype=torch.float16)
+    torch.testing.assert_close(got.cpu(), ((x + 10).double() * ws.double()).half(), rtol=1e-3, atol=0)
+
+
+def test_dequant_bias_errors():
+    x = torch.zeros(3, 4, dtype=torch.int32)
+    op = torch.ops.npu.npu_dequant_bias
+    with pytest.raises(RuntimeError, match="half or bfloat16"):
+        op(x, torch.ones(4), None, None, output_dtype=torch.float32)
+    with pytest.raises(RuntimeError, match="weight_scale must be \\[4\\]"):
+        op(x, torch.ones(3), None, None)
+    with pytest.raises(RuntimeError, match="activation_scale must be \\[3\\]"):
+        op(x, torch.ones(4), torch.ones(4), None)
+    with pytest.raises(RuntimeError, match="x must be int32"):
+        op(x.float(), torch.ones(4), None, None)
+    with pytest.raises(RuntimeError, match="bias must be int32"):
+        op(x, torch.ones(4), None, torch.ones(4, dtype=torch.int64))
+
+
+# ------------------------------------------------------------------ FakeTensor / compile
+
+
+def test_fake_tensor_shapes():
+    with FakeTensorMode():
+        y, s = torch.ops.npu.npu_swiglu_quant(torch.empty(3, 5, 16), quant_mode=1,
+                                              smooth_scales=torch.empty(2, 8),
+                                              group_index=torch.empty(2, dtype=torch.int32))
+        assert (tuple(y.shape), y.dtype, tuple(s.shape), s.dtype) == ((3, 5, 8), torch.int8, (3, 5), torch.float32)
+        y, s = torch.ops.npu.npu_dequant_swiglu_quant(torch.empty(4, 10, 32, dtype=torch.int32),
+                                                      weight_scale=torch.empty(32), activation_scale=torch.empty(40),
+                                                      quant_mode=1)
+        assert (tuple(y.shape), y.dtype, tuple(s.shape)) == ((4, 10, 16), torch.int8, (4, 10))
+        out = torch.ops.npu.npu_dequant_bias(torch.empty(4, 8, dtype=torch.int32), torch.empty(8), None, None,
+                                             output_dtype=torch.bfloat16)
+        assert (tuple(out.shape), out.dtype) == ((4, 8), torch.bfloat16)
+    with FakeTensorMode():
+        with pytest.raises(RuntimeError, match="dtype must be torch.int8"):
+            torch.ops.npu.npu_swiglu_quant(torch.empty(4, 64), dst_type=torch.float16)
