@@ -293,3 +293,147 @@ def test_fake_tensor_shapes():
     with FakeTensorMode():
         with pytest.raises(RuntimeError, match="dtype must be torch.int8"):
             torch.ops.npu.npu_swiglu_quant(torch.empty(4, 64), dst_type=torch.float16)
+
+
+# ------------------------------------------------------------------ npu_rms_norm_quant_v2
+
+
+def _rms_norm_quant_v2_ref(x, gamma, scale, offset, beta, eps, div_mode):
+    """The op-plugin golden, float64 loops over rows."""
+    n = x.shape[-1]
+    rows = x.double().reshape(-1, n).tolist()
+    g = gamma.double().tolist()
+    bt = None if beta is None else beta.double().tolist()
+    sc = scale.double().reshape(-1).tolist()
+    of = None if offset is None else offset.double().reshape(-1).tolist()
+    ys, rstds = [], []
+    for row in rows:
+        rstd = 1.0 / math.sqrt(sum(v * v for v in row) / n + eps)
+        out = []
+        for j in range(n):
+            v = row[j] * rstd * g[j] + (bt[j] if bt is not None else 0.0)
+            s = sc[j] if len(sc) > 1 else sc[0]
+            v = v / s if div_mode else v * s
+            if of is not None:
+                v += of[j] if len(of) > 1 else of[0]
+            out.append(min(127.0, max(-128.0, float(round(v)))))
+        ys.append(out)
+        rstds.append(rstd)
+    return (torch.tensor(ys, dtype=torch.float64).reshape(x.shape),
+            torch.tensor(rstds, dtype=torch.float64).reshape(list(x.shape[:-1]) + [1]))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("div_mode", [True, False])
+def test_rms_norm_quant_v2(device, dtype, div_mode):
+    torch.manual_seed(4)
+    x = torch.randn(3, 4, 32).to(dtype)
+    gamma = torch.randn(32).to(dtype)
+    beta = torch.randn(32).to(dtype)
+    scale = (torch.rand(1) * 0.8 + 0.2).to(dtype)           # the golden's per-tensor scale
+    offset = torch.randint(-5, 6, (1,)).to(dtype)
+    y, rstd = torch.ops.npu.npu_rms_norm_quant_v2(x.to(device), gamma.to(device), scale.to(device),
+                                                  offset=offset.to(device), beta=beta.to(device), div_mode=div_mode)
+    ref_y, ref_rstd = _rms_norm_quant_v2_ref(x, gamma, scale, offset, beta, 1e-6, div_mode)
+    assert y.device.type == device and y.shape == x.shape
+    _assert_int8_close(y, ref_y)
+    assert rstd.shape == (0,) and rstd.dtype == torch.float32    # x does not require grad
+    # per-channel scale/offset, no beta; x requiring grad also returns rstd
+    xg = x.float().to(device).requires_grad_(True)
+    sc = torch.rand(32) + 0.5
+    of = torch.randn(32)
+    y, rstd = torch.ops.npu.npu_rms_norm_quant_v2(xg, gamma.float().to(device), sc.to(device), offset=of.to(device),
+                                                  div_mode=div_mode, dst_dtype=torch.int8)
+    ref_y, ref_rstd = _rms_norm_quant_v2_ref(x.float(), gamma.float(), sc, of, None, 1e-6, div_mode)
+    _assert_int8_close(y, ref_y)
+    assert rstd.shape == (3, 4, 1) and rstd.dtype == torch.float32
+    torch.testing.assert_close(rstd.detach().cpu().double(), ref_rstd, rtol=1e-5, atol=0)
+
+
+def test_rms_norm_quant_v2_errors():
+    x, g, s = torch.randn(2, 16), torch.randn(16), torch.ones(1)
+    op = torch.ops.npu.npu_rms_norm_quant_v2
+    with pytest.raises(NotImplementedError, match="dst_dtype=16"):
+        op(x, g, s, dst_dtype=torch.quint4x2)
+    with pytest.raises(NotImplementedError, match="dst_dtype=291"):
+        op(x, g, s, dst_dtype=291)
+    with pytest.raises(NotImplementedError, match="gamma with 2 dims"):
+        op(x, g.reshape(1, 16), s)
+    with pytest.raises(RuntimeError, match="gamma must be \\[16\\]"):
+        op(x, torch.randn(8), s)
+    with pytest.raises(RuntimeError, match="scale must hold 1 or 16"):
+        op(x, g, torch.ones(3))
+
+
+# ------------------------------------------------------------------ npu_quant_matmul_dequant
+
+
+def _quant_matmul_dequant_ref(x, w_nk, ws, mode, x_scale=None, smooth=None):
+    """The op-plugin golden (per-token dynamic / per-tensor static), float64 loops."""
+    m, k = x.shape
+    n = w_nk.shape[0]
+    xs = x.double().tolist()
+    w = w_nk.tolist()
+    out = torch.empty(m, n, dtype=torch.float64)
+    for i in range(m):
+        row = xs[i] if smooth is None else [xs[i][c] * float(smooth[c]) for c in range(k)]
+        t = max(abs(v) for v in row) / 127.0 if mode == 'pertoken' else float(x_scale)
+        q = [min(127.0, max(-128.0, float(round(v / t)))) if t else 0.0 for v in row]
+        for j in range(n):
+            out[i, j] = sum(q[c] * w[j][c] for c in range(k)) * float(ws[j]) * t
+    return out
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_quant_matmul_dequant(device):
+    torch.manual_seed(5)
+    m, k, n = 5, 24, 7
+    x = torch.randn(m, k).half()
+    x[2] = 0                                    # a zero row: zero result
+    w = torch.randint(-128, 128, (n, k), dtype=torch.int8)
+    ws = torch.rand(n) * 0.01
+    got = torch.ops.npu.npu_quant_matmul_dequant(x.to(device), w.to(device), ws.to(device), quant_mode='pertoken')
+    ref = _quant_matmul_dequant_ref(x, w, ws, 'pertoken')
+    assert got.dtype == torch.float16 and got.shape == (m, n) and got.device.type == device
+    # an int8 rounding flip changes one product by |w| * ws * t at most
+    bound = float(128 * ws.max() * (x.float().abs().amax(1).max() / 127)) + 1e-3
+    diff = (got.cpu().double() - ref).abs()
+    assert float(diff.max()) <= bound
+    assert float((diff <= 2e-3 * ref.abs() + 1e-3).double().mean()) >= 0.9
+    assert got[2].eq(0).all()
+    x_scale = torch.tensor([0.02])
+    smooth = (torch.rand(k) + 0.5).half()
+    got = torch.ops.npu.npu_quant_matmul_dequant(x.to(device), w.to(device), ws.to(device), x_scale=x_scale.to(device),
+                                                 smooth_scale=smooth.to(device), quant_mode='pertensor')
+    ref = _quant_matmul_dequant_ref(x, w, ws, 'pertensor', x_scale=0.02, smooth=smooth.double())
+    diff = (got.cpu().double() - ref).abs()
+    assert float(diff.max()) <= float(128 * ws.max() * 0.02) + 1e-3
+    assert float((diff <= 2e-3 * ref.abs() + 1e-3).double().mean()) >= 0.9
+
+
+def test_quant_matmul_dequant_errors():
+    x, w, ws = torch.randn(2, 8).half(), torch.zeros(3, 8, dtype=torch.int8), torch.ones(3)
+    op = torch.ops.npu.npu_quant_matmul_dequant
+    with pytest.raises(NotImplementedError, match="bias"):
+        op(x, w, ws, bias=torch.ones(3))
+    with pytest.raises(NotImplementedError, match="x_offset"):
+        op(x, w, ws, x_offset=torch.ones(1))
+    with pytest.raises(NotImplementedError, match="quant_mode='perchannel'"):
+        op(x, w, ws, quant_mode='perchannel')
+    with pytest.raises(RuntimeError, match="x_scale is required"):
+        op(x, w, ws, quant_mode='pertensor')
+    with pytest.raises(RuntimeError, match="x dtype support only float16"):
+        op(x.float(), w, ws)
+    with pytest.raises(RuntimeError, match="not equal to quantized_weight"):
+        op(x, torch.zeros(3, 4, dtype=torch.int8), ws)
+
+
+def test_fake_tensor_shapes_norm_and_matmul():
+    with FakeTensorMode():
+        y, r = torch.ops.npu.npu_rms_norm_quant_v2(torch.empty(2, 5, 16, requires_grad=True), torch.empty(16),
+                                                   torch.empty(16))
+        assert (tuple(y.shape), y.dtype, tuple(r.shape), r.dtype) == ((2, 5, 16), torch.int8, (2, 5, 1), torch.float32)
+        out = torch.ops.npu.npu_quant_matmul_dequant(torch.empty(4, 8, dtype=torch.float16),
+                                                     torch.empty(6, 8, dtype=torch.int8), torch.empty(6))
+        assert (tuple(out.shape), out.dtype) == ((4, 6), torch.float16)

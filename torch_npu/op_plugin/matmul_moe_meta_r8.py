@@ -106,13 +106,6 @@ def _quant_dequant_checks(op, x, quantized_weight, weight_scale, w_dims):
            "weight_scale shape must equal quantized_weight shape[:-1]")
 
 
-@meta("npu_quant_matmul_dequant")
-def npu_quant_matmul_dequant(x, quantized_weight, weight_scale, *, bias=None, x_scale=None, x_offset=None,
-                             smooth_scale=None, quant_mode='pertoken'):
-    _quant_dequant_checks("npu_quant_matmul_dequant", x, quantized_weight, weight_scale, 2)
-    return _empty((x.shape[0], weight_scale.shape[0]), x.dtype, x)
-
-
 @meta("npu_quant_grouped_matmul_dequant")
 def npu_quant_grouped_matmul_dequant(x, quantized_weight, weight_scale, group_list, *, bias=None, x_scale=None,
                                      x_offset=None, smooth_scale=None, quant_mode='pertoken'):

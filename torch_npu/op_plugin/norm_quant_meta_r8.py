@@ -122,17 +122,6 @@ def npu_add_rms_norm_dynamic_mx_quant_meta(x1, x2, gamma, *, beta=None, epsilon=
     return y, _new(x1, x1.shape, x1.dtype), mxscale, _new(x1, rstd_shape, torch.float32)
 
 
-@meta("npu_rms_norm_quant_v2")
-def npu_rms_norm_quant_v2_meta(x, gamma, scale, *, offset=None, beta=None, epsilon=1e-06, div_mode=True,
-                               dst_dtype=None):
-    """``(y, rstd)``: y as npu_rms_norm_quant; rstd float32 ``x.shape[:-1] + (1,)`` when x
-    requires grad, else [0]."""
-    op = "npu_rms_norm_quant_v2"
-    dt, per = _storage(op, "dst_dtype", 1 if dst_dtype is None else dst_dtype)
-    rstd_shape = list(x.shape[:-1]) + [1] if x.requires_grad else [0]
-    return _new(x, _packed(op, x.shape, per), dt), _new(x, rstd_shape, torch.float32)
-
-
 @meta("npu_rms_norm_dynamic_mx_quant")
 def npu_rms_norm_dynamic_mx_quant_meta(x, gamma, *, beta=None, epsilon=1e-06, scale_alg=0, round_mode="rint",
                                        dst_type=296):
