@@ -546,15 +546,6 @@ META_CASES = [
     ("npu_anti_mx_quant",
      lambda: torch.ops.npu.npu_anti_mx_quant(_fake(4, 64, dtype=E4M3), _fake(4, 1, 2, dtype=U8), dst_type=5),
      [((4, 64), F16)]),
-    ("npu_dynamic_mx_quant",
-     lambda: torch.ops.npu.npu_dynamic_mx_quant(_fake(8, 130)),
-     [((8, 65), U8), ((8, 3, 2), U8)]),
-    ("npu_dynamic_mx_quant",
-     lambda: torch.ops.npu.npu_dynamic_mx_quant(_fake(128, 6), axis=0, dst_type=torch.float8_e4m3fn, block_size=64),
-     [((128, 6), E4M3), ((1, 6, 2), U8)]),
-    ("npu_dynamic_mx_quant_with_dual_axis",
-     lambda: torch.ops.npu.npu_dynamic_mx_quant_with_dual_axis(_fake(96, 64), dst_type=E5M2_NPU),
-     [((96, 64), E5M2), ((96, 1, 2), U8), ((96, 64), E5M2), ((2, 64, 2), U8)]),
     ("npu_dynamic_block_mx_quant",
      lambda: torch.ops.npu.npu_dynamic_block_mx_quant(_fake(2, 64, 130)),
      [((2, 64, 65), U8), ((2, 64, 3, 2), U8), ((2, 1, 130, 2), U8)]),
@@ -676,10 +667,6 @@ def test_every_meta_kernel_has_the_schema_signature():
 
 def test_meta_errors():
     with FakeTensorMode():
-        with pytest.raises(RuntimeError, match="block_size must be divisible by 32"):
-            torch.ops.npu.npu_dynamic_mx_quant(_fake(4, 64), block_size=48)
-        with pytest.raises(RuntimeError, match="divisible by 2"):
-            torch.ops.npu.npu_dynamic_mx_quant(_fake(4, 63))
         with pytest.raises(RuntimeError, match="dtype must be torch.int8"):
             torch.ops.npu.npu_swiglu_quant(_fake(4, 64), dst_type=torch.float16)
     # arguments whose outputs are not documented raise NotImplementedError naming them (on Meta

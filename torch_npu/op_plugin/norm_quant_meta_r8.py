@@ -149,35 +149,6 @@ def _npu_rms_norm_backward_quant_meta(dy, x, rstd, gamma, scale_x, *, offset_x=N
 # ------------------------------------------------------------------ quantisation
 
 
-@meta("npu_dynamic_mx_quant")
-def npu_dynamic_mx_quant_meta(input, *, axis=-1, round_mode="rint", dst_type=296, block_size=32, scale_alg=0,
-                              dst_type_max=0.0, max_low_bound=0.0):
-    """``(y, mxscale)``: y in ``dst_type`` (float4 packed), mxscale uint8 with the quantised
-    axis reduced to ceil(ceil(n / block_size) / 2) and a trailing 2."""
-    op = "npu_dynamic_mx_quant"
-    n = input.dim()
-    _fail(-n <= axis < n, op, "Parameter axis is out of input dimension range [%d, %d]" % (-n, n - 1))
-    _fail(block_size % 32 == 0 and 0 < block_size <= 1024, op,
-          "Parameter block_size must be divisible by 32 and no greater than 1024, greater than 0")
-    dt, per = _storage(op, "dst_type", dst_type)
-    return (_new(input, _packed(op, input.shape, per), dt),
-            _new(input, _mx_scale_shape(input.shape, axis % n, block_size), torch.uint8))
-
-
-@meta("npu_dynamic_mx_quant_with_dual_axis")
-def npu_dynamic_mx_quant_with_dual_axis_meta(input, *, round_mode="rint", dst_type=296, scale_alg=0,
-                                             dst_type_max=0.0):
-    """``(y1, mxscale1, y2, mxscale2)``: MX quantisation along the last axis (y1, mxscale1) and
-    along the second-to-last axis (y2, mxscale2), blocks of 32."""
-    op = "npu_dynamic_mx_quant_with_dual_axis"
-    _check_dims(op, "input", input, 2, 8)
-    dt, per = _storage(op, "dst_type", dst_type)
-    y_shape = _packed(op, input.shape, per)
-    n = input.dim()
-    return (_new(input, y_shape, dt), _new(input, _mx_scale_shape(input.shape, n - 1), torch.uint8),
-            _new(input, y_shape, dt), _new(input, _mx_scale_shape(input.shape, n - 2), torch.uint8))
-
-
 @meta("npu_dynamic_block_mx_quant")
 def npu_dynamic_block_mx_quant_meta(input, *, round_mode="rint", dst_type=296, scale_alg=0, dst_type_max=0.0):
     """``(y, scale1, scale2)``: y in ``dst_type``; scale1/scale2 are the MX scale layouts of

@@ -1,0 +1,260 @@
+"""Round-9 MX quantisation ops (torch_npu/op_plugin/mx_quant_r9.py).
+
+The reference below is written from the CANN ops-nn docs / op-plugin goldens, in plain
+Python floats (float64), one block at a time: shared exponent per block, element =
+round-half-to-even onto the float8 grid (subnormals included), clipped to the largest
+finite value. Results are compared bit for bit.
+"""
+import math
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import torch_npu
+
+DEVICES = ["cpu", "npu"]
+# dst -> (exponent bits, mantissa bits, emax, largest finite)
+FP8 = {torch.float8_e4m3fn: (4, 3, 8, 448.0), torch.float8_e5m2: (5, 2, 15, 57344.0)}
+
+
+def _rand(*shape, seed=0, dtype=torch.bfloat16, spread=True):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(*shape, generator=g, dtype=torch.float64)
+    if spread:   # blocks of very different magnitudes
+        x = x * torch.exp2(torch.randint(-20, 20, shape, generator=g).double())
+    return x.to(dtype)
+
+
+def _ref_scale_exp(amax, dst, scale_alg):
+    """Unbiased shared exponent of one block (None for a non-finite block), clamped at -127."""
+    _, _, emax, dmax = FP8[dst]
+    if not math.isfinite(amax):
+        return None
+    if amax == 0:
+        return -127
+    if scale_alg == 0:
+        e = math.floor(math.log2(amax)) - emax
+    else:
+        s = torch.tensor(amax, dtype=torch.float32) / dmax          # fp32 division, as documented
+        bits = int(s.view(torch.int32))
+        biased, mant = (bits >> 23) & 0xFF, bits & 0x7FFFFF
+        if (0 < biased < 254 and mant > 0) or (biased == 0 and mant > (1 << 22)):
+            biased += 1
+        e = biased - 127
+    return max(e, -127)
+
+
+def _ref_element(v, dst):
+    """round-half-to-even of v onto the float8 grid, clipped to +-max."""
+    ebits, mbits, _, dmax = FP8[dst]
+    if v == 0:
+        return v
+    min_exp = -(2 ** (ebits - 1)) + 2
+    p = max(math.floor(math.log2(abs(v))), min_exp)
+    q = v / 2.0 ** p * 2 ** mbits
+    r = math.copysign(float(round(q)), q)   # Python round is half-to-even; keep -0 (as rint does)
+    return max(-dmax, min(dmax, r / 2 ** mbits * 2.0 ** p))
+
+
+def _ref_mx_1d(values, dst, scale_alg, block=32):
+    """(elements, scale bytes) of one line of values along the quantised axis."""
+    out, scales = [], []
+    for start in range(0, len(values), block):
+        chunk = values[start:start + block]
+        amax = max(abs(v) for v in chunk) if all(math.isfinite(v) for v in chunk) else float("inf")
+        e = _ref_scale_exp(amax, dst, scale_alg)
+        if e is None:
+            scales.append(255)
+            out += [0.0] * len(chunk)
+        elif e == -127:
+            scales.append(0)
+            out += [math.copysign(0.0, v) for v in chunk]
+        else:
+            scales.append(e + 127)
+            out += [_ref_element(v / 2.0 ** e, dst) for v in chunk]
+    if len(scales) % 2:
+        scales.append(0)
+    return out, scales
+
+
+def _ref_mx(x, axis, dst, scale_alg, block=32):
+    """Reference ``(y bits uint8, scale uint8)`` of x quantised along ``axis``."""
+    xd = x.double().movedim(axis, -1)
+    lead = xd.shape[:-1]
+    rows = xd.reshape(-1, xd.shape[-1]).tolist()
+    ys, ss = [], []
+    for row in rows:
+        y, s = _ref_mx_1d(row, dst, scale_alg, block)
+        ys.append(y)
+        ss.append(s)
+    y = torch.tensor(ys, dtype=torch.float64).reshape(*lead, -1).movedim(-1, axis)
+    s = torch.tensor(ss, dtype=torch.uint8).reshape(*lead, -1, 2).movedim(-2, axis % x.dim())
+    # every reference value is exactly representable: the cast only encodes it
+    return y.to(dst).view(torch.uint8), s
+
+
+def _bits(t):
+    return t.cpu().view(torch.uint8)
+
+
+# ------------------------------------------------------------------ npu_dynamic_mx_quant
+
+
+def test_documented_example():
+    """aclnnDynamicMxQuant's example: bf16 (0, 8, 64, 512) -> e4m3fn (0, 4, 32, 256), scale byte 128."""
+    x = torch.tensor([[0.0, 8.0, 64.0, 512.0]], dtype=torch.bfloat16)
+    y, s = torch_npu.npu_dynamic_mx_quant(x, dst_type=torch_npu.float8_e4m3fn)
+    assert y.dtype == torch.float8_e4m3fn and s.dtype == torch.uint8
+    assert _bits(y).tolist() == [[0, 72, 96, 120]]
+    assert s.tolist() == [[[128, 0]]]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("xdtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("dst_code,dst", [(24, torch.float8_e4m3fn), (291, torch.float8_e5m2)])
+@pytest.mark.parametrize("scale_alg", [0, 1])
+def test_dynamic_mx_quant_last_axis(device, xdtype, dst_code, dst, scale_alg):
+    x = _rand(3, 100, seed=1, dtype=xdtype)
+    y, s = torch_npu.npu_dynamic_mx_quant(x.to(device), dst_type=dst_code, scale_alg=scale_alg)
+    ry, rs = _ref_mx(x, -1, dst, scale_alg)
+    assert y.device.type == device and y.dtype == dst
+    assert s.shape == (3, 2, 2)
+    assert torch.equal(s.cpu(), rs)
+    assert torch.equal(_bits(y), ry)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("axis,block", [(0, 32), (1, 64), (-3, 96)])
+def test_dynamic_mx_quant_other_axes_and_blocks(device, axis, block):
+    x = _rand(70, 130, 3, seed=2, dtype=torch.float16)
+    y, s = torch_npu.npu_dynamic_mx_quant(x.to(device), axis=axis, dst_type=torch.float8_e4m3fn, block_size=block)
+    ry, rs = _ref_mx(x, axis, torch.float8_e4m3fn, 0, block)
+    expect = list(x.shape) + [2]
+    expect[axis % 3] = (-(-x.shape[axis] // block) + 1) // 2
+    assert list(s.shape) == expect
+    assert torch.equal(s.cpu(), rs)
+    assert torch.equal(_bits(y), ry)
+
+
+def test_saturation_zero_and_special_blocks():
+    x = torch.zeros(2, 128, dtype=torch.bfloat16)
+    x[0, :32] = torch.tensor([500.0] + [1.0] * 31)        # amax 500: scale 2**0 for e4m3fn, 500 -> 448
+    x[0, 32] = -(2.0 ** -130)                                # tiny block: byte 0 -> signed zeros
+    x[0, 64] = float("nan")                                  # NaN block: byte 255, +0 elements
+    x[0, 65] = 3.0
+    x[1, 96] = float("-inf")
+    x[1, 97] = 2.0
+    y, s = torch_npu.npu_dynamic_mx_quant(x, dst_type=torch.float8_e4m3fn)
+    assert s[0].tolist() == [[127, 0], [255, 0]]
+    assert s[1].tolist() == [[0, 0], [0, 255]]
+    assert y[0, 0].float().item() == 448.0
+    assert _bits(y)[0, 32].item() == 0x80                     # -0
+    assert (_bits(y)[0, 64:96] == 0).all() and (_bits(y)[1, 96:] == 0).all()
+    ry, rs = _ref_mx(x, -1, torch.float8_e4m3fn, 0)
+    assert torch.equal(s, rs) and torch.equal(_bits(y), ry)
+    # e5m2 saturates at 57344 instead of overflowing to inf
+    big = torch.tensor([[65000.0] + [1.0] * 31], dtype=torch.float32)
+    y5, s5 = torch_npu.npu_dynamic_mx_quant(big, dst_type=torch.float8_e5m2)
+    assert y5[0, 0].float().item() == 57344.0 and s5[0, 0, 0].item() == 127
+
+
+def test_max_low_bound_scale_alg_1():
+    """op-plugin's golden: the cuBLAS-style scale uses max(amax, max_low_bound)."""
+    x = _rand(2, 64, seed=3, dtype=torch.bfloat16, spread=False) * 1e-3
+    y, s = torch_npu.npu_dynamic_mx_quant(x, dst_type=torch.float8_e4m3fn, scale_alg=1, max_low_bound=448.0)
+    assert (s[..., :].flatten() == 127).all()                 # 448 / 448 = 1 -> 2**0
+    expect = torch.tensor([_ref_element(v, torch.float8_e4m3fn) for v in x.double().flatten().tolist()],
+                          dtype=torch.float64).reshape(2, 64).to(torch.float8_e4m3fn).view(torch.uint8)
+    assert torch.equal(_bits(y), expect)
+
+
+def test_dynamic_mx_quant_errors():
+    x = torch.randn(4, 64, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="block_size must be divisible by 32"):
+        torch_npu.npu_dynamic_mx_quant(x, block_size=48, dst_type=24)
+    with pytest.raises(RuntimeError, match="axis is out of input dimension range"):
+        torch_npu.npu_dynamic_mx_quant(x, axis=2, dst_type=24)
+    with pytest.raises(RuntimeError, match="round_mode only supports 'rint'"):
+        torch_npu.npu_dynamic_mx_quant(x, dst_type=24, round_mode="floor")
+    with pytest.raises(RuntimeError, match="float32 x only supports block_size=32"):
+        torch_npu.npu_dynamic_mx_quant(x.float(), dst_type=24, block_size=64)
+    with pytest.raises(RuntimeError, match="x dtype must be"):
+        torch_npu.npu_dynamic_mx_quant(x.double(), dst_type=24)
+    with pytest.raises(NotImplementedError, match="dst_type=12345"):
+        torch_npu.npu_dynamic_mx_quant(x, dst_type=12345)
+    with pytest.raises(NotImplementedError, match="dst_type_max"):
+        torch_npu.npu_dynamic_mx_quant(x, dst_type=24, dst_type_max=6.0)
+    with pytest.raises(NotImplementedError, match="max_low_bound"):
+        torch_npu.npu_dynamic_mx_quant(x, dst_type=24, max_low_bound=1.0)
+
+
+# ------------------------------------------------------------------ npu_dynamic_mx_quant_with_dual_axis
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dst", [torch.float8_e4m3fn, torch.float8_e5m2])
+@pytest.mark.parametrize("scale_alg", [0, 1])
+def test_dual_axis(device, dst, scale_alg):
+    x = _rand(2, 70, 40, seed=4, dtype=torch.float16)
+    y1, s1, y2, s2 = torch_npu.npu_dynamic_mx_quant_with_dual_axis(x.to(device), dst_type=dst, scale_alg=scale_alg)
+    r1, q1 = _ref_mx(x, -1, dst, scale_alg)
+    r2, q2 = _ref_mx(x, -2, dst, scale_alg)
+    assert s1.shape == (2, 70, 1, 2) and s2.shape == (2, 2, 40, 2)
+    assert torch.equal(s1.cpu(), q1) and torch.equal(s2.cpu(), q2)
+    assert torch.equal(_bits(y1), r1) and torch.equal(_bits(y2), r2)
+
+
+def test_dual_axis_op_plugin_zero_case():
+    """op-plugin's test: bf16 zeros [1, 2, 2] -> zero elements and zero scale bytes."""
+    y1, s1, y2, s2 = torch_npu.npu_dynamic_mx_quant_with_dual_axis(torch.zeros(1, 2, 2, dtype=torch.bfloat16),
+                                                                   dst_type=23)
+    assert s1.shape == (1, 2, 1, 2) and s2.shape == (1, 1, 2, 2)
+    for t in (y1, s1, y2, s2):
+        assert (t.view(torch.uint8) == 0).all()
+
+
+def test_dual_axis_errors():
+    with pytest.raises(RuntimeError, match="at least 2-D"):
+        torch_npu.npu_dynamic_mx_quant_with_dual_axis(torch.zeros(64, dtype=torch.float16), dst_type=24)
+    with pytest.raises(RuntimeError, match="float16 or bfloat16"):
+        torch_npu.npu_dynamic_mx_quant_with_dual_axis(torch.zeros(4, 64), dst_type=24)
+    with pytest.raises(NotImplementedError, match="scale_alg=2"):
+        torch_npu.npu_dynamic_mx_quant_with_dual_axis(torch.zeros(4, 64, dtype=torch.float16), dst_type=24,
+                                                      scale_alg=2)
+
+
+# ------------------------------------------------------------------ FakeTensor shapes
+
+
+E5M2_NPU = 291
+
+
+def _sig(outs):
+    return [(tuple(o.shape), o.dtype) for o in outs]
+
+
+FAKE_CASES = [
+    (lambda f: torch.ops.npu.npu_dynamic_mx_quant(f(8, 130), dst_type=23),
+     [((8, 130), torch.float8_e5m2), ((8, 3, 2), torch.uint8)]),
+    (lambda f: torch.ops.npu.npu_dynamic_mx_quant(f(128, 6), axis=0, dst_type=torch.float8_e4m3fn, block_size=64),
+     [((128, 6), torch.float8_e4m3fn), ((1, 6, 2), torch.uint8)]),
+    (lambda f: torch.ops.npu.npu_dynamic_mx_quant_with_dual_axis(f(96, 64), dst_type=E5M2_NPU),
+     [((96, 64), torch.float8_e5m2), ((96, 1, 2), torch.uint8), ((96, 64), torch.float8_e5m2),
+      ((2, 64, 2), torch.uint8)]),
+]
+
+
+@pytest.mark.parametrize("call,expected", FAKE_CASES)
+def test_fake_shapes(call, expected):
+    with FakeTensorMode():
+        got = call(lambda *shape: torch.empty(*shape, dtype=torch.float16))
+    assert _sig(got) == expected
+
+
+def test_compile_matches_eager():
+    x = _rand(4, 96, seed=5)
+    fn = torch.compile(lambda t: torch.ops.npu.npu_dynamic_mx_quant(t, dst_type=24), backend="eager", fullgraph=True)
+    y, s = fn(x)
+    ey, es = torch_npu.npu_dynamic_mx_quant(x, dst_type=24)
+    assert torch.equal(s, es) and torch.equal(_bits(y), _bits(ey))
