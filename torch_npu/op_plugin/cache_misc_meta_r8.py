@@ -104,41 +104,6 @@ def npu_top_k_top_p_sample(logits, top_k, top_p, q=None, eps=1e-8, is_need_logit
             logits.new_empty(tuple(logits.shape), dtype=torch.float32))
 
 
-# ----------------------------------------------------------------- detection
-
-@meta("_npu_ciou")
-def _npu_ciou(self, gtboxes, trans=False, is_cross=True, mode=0, atan_sub_flag=False):
-    """(overlap, atan_sub), each [M, N] (is_cross; M gt boxes, N boxes) or [1, N]. The kernel
-    computes in float32 for float16 inputs; the overlap is cast back to float16, atan_sub is not."""
-    op = "_npu_ciou"
-    _check(self.dim() == 2 and gtboxes.dim() == 2, op, "self and gtboxes must be 2-D (4, n)")
-    shape = (gtboxes.size(1), self.size(1)) if is_cross else (1, self.size(1))
-    half = self.dtype == torch.float16 or gtboxes.dtype == torch.float16
-    compute = torch.float32 if self.dtype == torch.float16 else self.dtype
-    return (self.new_empty(shape, dtype=torch.float16 if half else compute), self.new_empty(shape, dtype=compute))
-
-
-@meta("npu_ciou_backward")
-def npu_ciou_backward(grad, bboxes, gtboxes, atan_sub, trans=False, is_cross=True, mode=0):
-    return torch.empty_like(bboxes), torch.empty_like(gtboxes)
-
-
-@meta("npu_rotated_box_encode")
-def npu_rotated_box_encode(self, gt_bboxes, weight):
-    op = "npu_rotated_box_encode"
-    _check(self.dim() == 3 and self.size(1) == 5, op, "anchor_box must be (B, 5, N), got %s" % (tuple(self.shape),))
-    _check(tuple(gt_bboxes.shape) == tuple(self.shape), op, "gt_bboxes must have anchor_box's shape")
-    return torch.empty_like(self)
-
-
-@meta("npu_rotated_box_decode")
-def npu_rotated_box_decode(self, deltas, weight):
-    op = "npu_rotated_box_decode"
-    _check(self.dim() == 3 and self.size(1) == 5, op, "anchor_box must be (B, 5, N), got %s" % (tuple(self.shape),))
-    _check(tuple(deltas.shape) == tuple(self.shape), op, "deltas must have anchor_box's shape")
-    return torch.empty_like(self)
-
-
 # ----------------------------------------------------------------- HANS lossless compression
 
 @meta("npu_hans_encode.out")
@@ -149,43 +114,6 @@ def npu_hans_encode_out(input, statistic=False, reshuff=False, *, pdf, mantissa,
 @meta("npu_hans_decode.out")
 def npu_hans_decode_out(mantissa, fixed, var, pdf, reshuff=False, *, out):
     return out
-
-
-# ----------------------------------------------------------------- RNN
-
-@meta("npu_gru")
-def npu_gru(input, hx, weight_input, weight_hidden, bias_input, bias_hidden, seq_length, has_biases, num_layers,
-            dropout, train, bidirectional, batch_first):
-    """DynamicGRUV2 (time major): y, output_h, update, reset, new, hidden_new, each [T, B, H]
-    with H = bias_input.size(0) / 3, in bias_input's dtype."""
-    op = "npu_gru"
-    _check(input.dim() == 3, op, "input must be 3-D [T, B, I], got %d-D" % input.dim())
-    _check(bias_input.dim() == 1, op, "bias_input must be 1-D [3H], got %d-D" % bias_input.dim())
-    shape = (input.size(0), input.size(1), bias_input.size(0) // 3)
-    return tuple(input.new_empty(shape, dtype=bias_input.dtype) for _ in range(6))
-
-
-@meta("npu_gru_backward")
-def npu_gru_backward(grady, gradh, input, weight_input, weight_hidden, bias_input, bias_hidden, seq_length, hx,
-                     y_output, h_output, output_updata, output_reset, output_new, hidden_new):
-    """(dx, dh_prev, dw_input, dw_hidden, db_input, db_hidden): the shapes of input, hx and the
-    weights, all in input's dtype."""
-    return tuple(input.new_empty(tuple(t.shape))
-                 for t in (input, hx, weight_input, weight_hidden, bias_input, bias_hidden))
-
-
-@meta("_gru_npu_backward")
-def _gru_npu_backward(grad_y, grad_h, input, hx, params, r, z, n, h_n, h, has_biases, num_layers, dropout, train,
-                      bidirectional, *, batch_first=False, batch_sizes=None):
-    """Gradients of _gru_npu's inputs: (d input, d hx, d params), each shaped like its input."""
-    return torch.empty_like(input), torch.empty_like(hx), [torch.empty_like(p) for p in params]
-
-
-@meta("_lstm_npu_backward")
-def _lstm_npu_backward(grad_y, grad_hy, grad_cy, input, hx, params, i, j, f, o, h, c, tanhc, has_biases, num_layers,
-                       dropout, train, bidirectional, *, batch_first=False, batch_sizes=None):
-    """Gradients of _lstm_npu's inputs: (d input, [d h0, d c0], d params), each shaped like its input."""
-    return torch.empty_like(input), [torch.empty_like(t) for t in hx], [torch.empty_like(p) for p in params]
 
 
 # ----------------------------------------------------------------- model obfuscation (PMCC)
