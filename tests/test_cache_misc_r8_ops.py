@@ -64,15 +64,6 @@ META_CASES = [
      lambda: npu.npu_hans_decode(z(32, dtype=f16), z(40, dtype=f16), z(8, dtype=f16), z(256, dtype=i32),
                                  out=z(64, dtype=f16)),
      [((64,), f16)]),
-    ("npu_gru",
-     # H = bias_input.size(0) / 3 = 4; outputs [T, B, H] in bias_input's dtype
-     lambda: npu.npu_gru(z(5, 2, 3, dtype=f16), z(2, 4, dtype=f16), z(3, 12, dtype=f16), z(4, 12, dtype=f16),
-                         z(12), z(12), z(2, dtype=i32), True, 1, 0.0, True, False, False),
-     [((5, 2, 4), f32)] * 6),
-    ("npu_gru_backward",
-     lambda: npu.npu_gru_backward(z(5, 2, 4), z(5, 2, 4), z(5, 2, 3), z(3, 12), z(4, 12), z(12), z(12), _ints(2),
-                                  z(2, 4), *[z(5, 2, 4)] * 6),
-     [((5, 2, 3), f32), ((2, 4), f32), ((3, 12), f32), ((4, 12), f32), ((12,), f32), ((12,), f32)]),
     ("obfuscation_calculate",
      lambda: npu.obfuscation_calculate(_ints(1), z(4, 16, dtype=torch.bfloat16), z(1)),
      [((4, 16), torch.bfloat16)]),
@@ -110,14 +101,6 @@ META_CASES = [
     ("_npu_silent_check_v3",
      lambda: npu._npu_silent_check_v3(z(), z(4), z(1, dtype=i64), z(1), z(1), 1e6, 1e3, 0.99, 1),
      [((1,), i32)]),
-    ("_gru_npu_backward",
-     lambda: npu._gru_npu_backward(z(3, 2, 4), z(1, 2, 4), z(3, 2, 5), z(1, 2, 4), [z(12, 5), z(12, 4)],
-                                   *[z(1, 3, 2, 4)] * 5, False, 1, 0.0, True, False),
-     [((3, 2, 5), f32), ((1, 2, 4), f32), ((12, 5), f32), ((12, 4), f32)]),
-    ("_lstm_npu_backward",
-     lambda: npu._lstm_npu_backward(z(3, 2, 4), z(1, 2, 4), z(1, 2, 4), z(3, 2, 5), [z(1, 2, 4), z(1, 2, 4)],
-                                    [z(16, 5), z(16, 4)], *[z(1, 3, 2, 4)] * 7, False, 1, 0.0, True, False),
-     [((3, 2, 5), f32), ((1, 2, 4), f32), ((1, 2, 4), f32), ((16, 5), f32), ((16, 4), f32)]),
 ]
 
 

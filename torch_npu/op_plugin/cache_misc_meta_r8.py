@@ -116,43 +116,6 @@ def npu_hans_decode_out(mantissa, fixed, var, pdf, reshuff=False, *, out):
     return out
 
 
-# ----------------------------------------------------------------- RNN
-
-@meta("npu_gru")
-def npu_gru(input, hx, weight_input, weight_hidden, bias_input, bias_hidden, seq_length, has_biases, num_layers,
-            dropout, train, bidirectional, batch_first):
-    """DynamicGRUV2 (time major): y, output_h, update, reset, new, hidden_new, each [T, B, H]
-    with H = bias_input.size(0) / 3, in bias_input's dtype."""
-    op = "npu_gru"
-    _check(input.dim() == 3, op, "input must be 3-D [T, B, I], got %d-D" % input.dim())
-    _check(bias_input.dim() == 1, op, "bias_input must be 1-D [3H], got %d-D" % bias_input.dim())
-    shape = (input.size(0), input.size(1), bias_input.size(0) // 3)
-    return tuple(input.new_empty(shape, dtype=bias_input.dtype) for _ in range(6))
-
-
-@meta("npu_gru_backward")
-def npu_gru_backward(grady, gradh, input, weight_input, weight_hidden, bias_input, bias_hidden, seq_length, hx,
-                     y_output, h_output, output_updata, output_reset, output_new, hidden_new):
-    """(dx, dh_prev, dw_input, dw_hidden, db_input, db_hidden): the shapes of input, hx and the
-    weights, all in input's dtype."""
-    return tuple(input.new_empty(tuple(t.shape))
-                 for t in (input, hx, weight_input, weight_hidden, bias_input, bias_hidden))
-
-
-@meta("_gru_npu_backward")
-def _gru_npu_backward(grad_y, grad_h, input, hx, params, r, z, n, h_n, h, has_biases, num_layers, dropout, train,
-                      bidirectional, *, batch_first=False, batch_sizes=None):
-    """Gradients of _gru_npu's inputs: (d input, d hx, d params), each shaped like its input."""
-    return torch.empty_like(input), torch.empty_like(hx), [torch.empty_like(p) for p in params]
-
-
-@meta("_lstm_npu_backward")
-def _lstm_npu_backward(grad_y, grad_hy, grad_cy, input, hx, params, i, j, f, o, h, c, tanhc, has_biases, num_layers,
-                       dropout, train, bidirectional, *, batch_first=False, batch_sizes=None):
-    """Gradients of _lstm_npu's inputs: (d input, [d h0, d c0], d params), each shaped like its input."""
-    return torch.empty_like(input), [torch.empty_like(t) for t in hx], [torch.empty_like(p) for p in params]
-
-
 # ----------------------------------------------------------------- model obfuscation (PMCC)
 
 @meta("obfuscation_calculate")
