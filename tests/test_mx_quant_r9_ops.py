@@ -258,3 +258,107 @@ def test_compile_matches_eager():
     y, s = fn(x)
     ey, es = torch_npu.npu_dynamic_mx_quant(x, dst_type=24)
     assert torch.equal(s, es) and torch.equal(_bits(y), _bits(ey))
+
+
+# ------------------------------------------------------------------ RmsNorm + MX quantisation
+
+
+def _ref_rms_norm_mx(x, gamma, beta, eps, dst, scale_alg):
+    """ops-nn golden: norm in float (here float64), cast to x's dtype, then MX along the last dim."""
+    xd = x.double()
+    rstd = 1.0 / torch.sqrt((xd * xd).mean(-1, keepdim=True) + eps)
+    normed = xd * rstd * gamma.double()
+    if beta is not None:
+        normed = normed + beta.double()
+    y, s = _ref_mx(normed.to(x.dtype), -1, dst, scale_alg)
+    return y, s, rstd
+
+
+def _assert_mostly_equal_bits(actual, expected, frac=0.995):
+    """The norm is float32 on the device and float64 here: a value whose rounding to x's dtype
+    sits on a tie may land one ulp away, so allow a tiny fraction of 1-ulp differences."""
+    a, e = actual.cpu().to(torch.int16), expected.to(torch.int16)
+    assert (a - e).abs().max() <= 1
+    assert (a == e).float().mean() >= frac
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("xdtype,gdtype", [(torch.bfloat16, torch.bfloat16), (torch.float16, torch.float32)])
+@pytest.mark.parametrize("dst,scale_alg", [(torch.float8_e4m3fn, 0), (torch.float8_e5m2, 1)])
+def test_rms_norm_dynamic_mx_quant(device, xdtype, gdtype, dst, scale_alg):
+    x = _rand(3, 5, 96, seed=6, dtype=xdtype, spread=False)
+    gamma = _rand(96, seed=7, dtype=gdtype, spread=False)
+    beta = _rand(96, seed=8, dtype=gdtype, spread=False)
+    y, s, rstd = torch_npu.npu_rms_norm_dynamic_mx_quant(x.to(device), gamma.to(device), beta=beta.to(device),
+                                                         epsilon=1e-5, scale_alg=scale_alg, dst_type=dst)
+    ry, rs, _ = _ref_rms_norm_mx(x, gamma, beta, 1e-5, dst, scale_alg)
+    assert y.dtype == dst and s.shape == (3, 5, 2, 2) and rstd.shape == (0,)
+    assert (s.cpu().int() - rs.int()).abs().max() <= 1 and (s.cpu() == rs).float().mean() >= 0.95
+    _assert_mostly_equal_bits(_bits(y), ry)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_rms_norm_dynamic_mx_quant_rstd_when_requires_grad(device):
+    x = _rand(4, 64, seed=9, dtype=torch.bfloat16, spread=False)
+    gamma = _rand(64, seed=10, dtype=torch.bfloat16, spread=False)
+    xr = x.to(device).requires_grad_(True)
+    y, s, rstd = torch_npu.npu_rms_norm_dynamic_mx_quant(xr, gamma.to(device), dst_type=24)
+    _, _, rref = _ref_rms_norm_mx(x, gamma, None, 1e-6, torch.float8_e4m3fn, 0)
+    assert rstd.shape == (4, 1) and rstd.dtype == torch.float32
+    torch.testing.assert_close(rstd.detach().cpu().double(), rref, rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_add_rms_norm_dynamic_mx_quant(device):
+    x1 = _rand(2, 3, 160, seed=11, dtype=torch.float16, spread=False)
+    x2 = _rand(2, 3, 160, seed=12, dtype=torch.float16, spread=False)
+    gamma = _rand(160, seed=13, dtype=torch.float16, spread=False)
+    y, x, s, rstd = torch_npu.npu_add_rms_norm_dynamic_mx_quant(x1.to(device), x2.to(device), gamma.to(device),
+                                                                 dst_type=torch_npu.float8_e5m2)
+    xsum = x1.double() + x2.double()
+    assert torch.equal(x.cpu(), xsum.to(torch.float16))                 # the float32 sum, cast once
+    # the norm uses the unrounded sum: reference from the float64 sum
+    rstd_ref = 1.0 / torch.sqrt((xsum * xsum).mean(-1, keepdim=True) + 1e-6)
+    ry, rs = _ref_mx((xsum * rstd_ref * gamma.double()).to(torch.float16), -1, torch.float8_e5m2, 0)
+    assert s.shape == (2, 3, 3, 2) and rstd.shape == (0,)
+    assert (s.cpu().int() - rs.int()).abs().max() <= 1
+    _assert_mostly_equal_bits(_bits(y), ry)
+    # rstd when both inputs require grad
+    outs = torch_npu.npu_add_rms_norm_dynamic_mx_quant(x1.to(device).requires_grad_(), x2.to(device).requires_grad_(),
+                                                       gamma.to(device), dst_type=24)
+    torch.testing.assert_close(outs[3].detach().cpu().double(), rstd_ref, rtol=1e-6, atol=0)
+
+
+def test_rms_norm_mx_errors():
+    x = torch.randn(4, 64, dtype=torch.bfloat16)
+    g = torch.randn(64, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="gamma must be 1-D"):
+        torch_npu.npu_rms_norm_dynamic_mx_quant(x, g[:32], dst_type=24)
+    with pytest.raises(RuntimeError, match="beta must have gamma's shape"):
+        torch_npu.npu_rms_norm_dynamic_mx_quant(x, g, beta=g.float(), dst_type=24)
+    with pytest.raises(RuntimeError, match="x dtype must be float16 or bfloat16"):
+        torch_npu.npu_rms_norm_dynamic_mx_quant(x.float(), g.float(), dst_type=24)
+    with pytest.raises(RuntimeError, match="The shape of x1 and x2 must be the same"):
+        torch_npu.npu_add_rms_norm_dynamic_mx_quant(x, x[:2], g, dst_type=24)
+    with pytest.raises(RuntimeError, match="requires_grad of x1 and x2"):
+        torch_npu.npu_add_rms_norm_dynamic_mx_quant(x.clone().requires_grad_(), x, g, dst_type=24)
+    with pytest.raises(RuntimeError, match="round_mode only supports 'rint'"):
+        torch_npu.npu_rms_norm_dynamic_mx_quant(x, g, dst_type=24, round_mode="round")
+
+
+NORM_FAKE_CASES = [
+    (lambda f: torch.ops.npu.npu_rms_norm_dynamic_mx_quant(f(2, 4, 96), f(96), dst_type=torch.float8_e4m3fn),
+     [((2, 4, 96), torch.float8_e4m3fn), ((2, 4, 2, 2), torch.uint8), ((0,), torch.float32)]),
+    (lambda f: torch.ops.npu.npu_add_rms_norm_dynamic_mx_quant(f(3, 256, grad=True), f(3, 256, grad=True), f(256),
+                                                               dst_type=E5M2_NPU),
+     [((3, 256), torch.float8_e5m2), ((3, 256), torch.float16), ((3, 4, 2), torch.uint8), ((3, 1), torch.float32)]),
+]
+
+
+@pytest.mark.parametrize("call,expected", NORM_FAKE_CASES)
+def test_norm_fake_shapes(call, expected):
+    def fake(*shape, grad=False):
+        return torch.empty(*shape, dtype=torch.float16).requires_grad_(grad)
+    with FakeTensorMode():
+        got = call(fake)
+    assert _sig(got) == expected

@@ -161,3 +161,62 @@ def npu_dynamic_mx_quant_with_dual_axis(input, *, round_mode="rint", dst_type=29
     y1, s1 = mx_quantize(input, -1, dst, alg)
     y2, s2 = mx_quantize(input, -2, dst, alg)
     return y1, s1, y2, s2
+
+
+# ------------------------------------------------------------------ RmsNorm + MX quantisation
+#
+# ops-nn's AddRmsNormDynamicMxQuant golden: x = x1 + x2 in float32 (x output cast to x1's
+# dtype); rstd = rsqrt(mean(x^2) + eps) in float32; normed = x * rstd * gamma (+ beta) in
+# float32, cast to x's dtype (the kernel stores the norm in x's dtype before quantising),
+# then MX-quantised along the last axis in blocks of 32. rstd is a real output only when the
+# inputs require grad (op-plugin's adapter passes outputRstd = requires_grad), else a [0]
+# tensor.
+
+
+def _check_norm_args(op, x, gamma, beta):
+    check(x.dtype in (torch.float16, torch.bfloat16), op, "x dtype must be float16 or bfloat16, got %s" % x.dtype)
+    check(1 <= x.dim() <= 7, op, "The x should be in 1~7D, got %d-D" % x.dim())
+    check(gamma.dim() == 1 and gamma.shape[0] == x.shape[-1], op,
+          "gamma must be 1-D with the last dim of x (%d), got %s" % (x.shape[-1], tuple(gamma.shape)))
+    check(gamma.dtype in (x.dtype, torch.float32), op,
+          "gamma dtype must be x's dtype or float32, got %s" % gamma.dtype)
+    if beta is not None:
+        check(beta.shape == gamma.shape and beta.dtype == gamma.dtype, op,
+              "beta must have gamma's shape and dtype, got %s %s" % (tuple(beta.shape), beta.dtype))
+
+
+def _rms_norm_mx(op, xf, out_dtype, gamma, beta, epsilon, scale_alg, round_mode, dst_type, want_rstd):
+    dst = fp8_destination(op, "dst_type", dst_type)
+    alg = check_mx_args(op, round_mode, scale_alg, 0.0)
+    rstd = torch.rsqrt((xf * xf).mean(-1, keepdim=True) + epsilon)
+    normed = xf * rstd * gamma.float()
+    if beta is not None:
+        normed = normed + beta.float()
+    y, mxscale = mx_quantize(normed.to(out_dtype), -1, dst, alg)
+    rstd_out = rstd if want_rstd else xf.new_empty([0])
+    return y, mxscale, rstd_out
+
+
+@impl("npu_rms_norm_dynamic_mx_quant")
+def npu_rms_norm_dynamic_mx_quant(x, gamma, *, beta=None, epsilon=1e-06, scale_alg=0, round_mode="rint",
+                                  dst_type=296):
+    """``(y, mxscale, rstd)``: MX quantisation of RmsNorm(x) * gamma (+ beta) along the last dim."""
+    op = "npu_rms_norm_dynamic_mx_quant"
+    _check_norm_args(op, x, gamma, beta)
+    return _rms_norm_mx(op, x.float(), x.dtype, gamma, beta, epsilon, scale_alg, round_mode, dst_type,
+                        x.requires_grad)
+
+
+@impl("npu_add_rms_norm_dynamic_mx_quant")
+def npu_add_rms_norm_dynamic_mx_quant(x1, x2, gamma, *, beta=None, epsilon=1e-06, scale_alg=0, round_mode="rint",
+                                      dst_type=296):
+    """``(y, x, mxscale, rstd)`` with ``x = x1 + x2``: MX quantisation of RmsNorm(x) * gamma (+ beta)."""
+    op = "npu_add_rms_norm_dynamic_mx_quant"
+    check(x1.shape == x2.shape, op, "The shape of x1 and x2 must be the same")
+    check(x1.dtype == x2.dtype, op, "The dtype of x1 and x2 must be the same, got %s and %s" % (x1.dtype, x2.dtype))
+    check(x1.requires_grad == x2.requires_grad, op, "The requires_grad of x1 and x2 must be consistent")
+    _check_norm_args(op, x1, gamma, beta)
+    xf = x1.float() + x2.float()
+    y, mxscale, rstd = _rms_norm_mx(op, xf, x1.dtype, gamma, beta, epsilon, scale_alg, round_mode, dst_type,
+                                    x1.requires_grad and x2.requires_grad)
+    return y, xf.to(x1.dtype), mxscale, rstd

@@ -94,45 +94,11 @@ def _mx_scale_shape(shape, axis, block=32):
     return shape
 
 
-def _rstd_keepdim(x, gamma):
-    k = gamma.dim()
-    return list(x.shape[:x.dim() - k]) + [1] * k
-
-
 def _check_dims(op, name, t, lo, hi):
     _fail(lo <= t.dim() <= hi, op, "%s must be %d-D to %d-D, got %d-D" % (name, lo, hi, t.dim()))
 
 
 # ------------------------------------------------------------------ quantising norms
-
-
-@meta("npu_add_rms_norm_dynamic_mx_quant")
-def npu_add_rms_norm_dynamic_mx_quant_meta(x1, x2, gamma, *, beta=None, epsilon=1e-06, scale_alg=0,
-                                           round_mode="rint", dst_type=296):
-    """``(y, x, mxscale, rstd)``: MX quantisation of RmsNorm(x1 + x2) along the last dim
-    (blocks of 32); rstd has its keepdim shape only when x1 and x2 require grad, else [0]."""
-    op = "npu_add_rms_norm_dynamic_mx_quant"
-    _check_dims(op, "x1", x1, 1, 7)
-    _fail(x1.shape == x2.shape, op, "The shape of x1 and x2 must be the same")
-    _fail(x1.requires_grad == x2.requires_grad, op, "The requires_grad of x1 and x2 must be consistent")
-    dt, per = _storage(op, "dst_type", dst_type)
-    y = _new(x1, _packed(op, x1.shape, per), dt)
-    mxscale = _new(x1, _mx_scale_shape(x1.shape, x1.dim() - 1), torch.uint8)
-    rstd_shape = _rstd_keepdim(x1, gamma) if (x1.requires_grad and x2.requires_grad) else [0]
-    return y, _new(x1, x1.shape, x1.dtype), mxscale, _new(x1, rstd_shape, torch.float32)
-
-
-@meta("npu_rms_norm_dynamic_mx_quant")
-def npu_rms_norm_dynamic_mx_quant_meta(x, gamma, *, beta=None, epsilon=1e-06, scale_alg=0, round_mode="rint",
-                                       dst_type=296):
-    """``(y, mxscale, rstd)``: MX quantisation of RmsNorm(x) along the last dim; rstd keepdim
-    when x requires grad, else [0]."""
-    op = "npu_rms_norm_dynamic_mx_quant"
-    _check_dims(op, "x", x, 1, 7)
-    dt, per = _storage(op, "dst_type", dst_type)
-    rstd_shape = _rstd_keepdim(x, gamma) if x.requires_grad else [0]
-    return (_new(x, _packed(op, x.shape, per), dt), _new(x, _mx_scale_shape(x.shape, x.dim() - 1), torch.uint8),
-            _new(x, rstd_shape, torch.float32))
 
 
 @meta("_npu_rms_norm_backward_quant")
