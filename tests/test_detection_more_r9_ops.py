@@ -1,5 +1,5 @@
 """Round 9 detection ops (detection_more_r9.py): npu_rotated_box_encode / _decode, _npu_ciou,
-npu_ciou_backward, npu_nms_rotated.
+npu_ciou_backward, npu_nms_rotated, npu_sub_sample.
 
 References are written here: torch_npu's own goldens for the box coder, float64 formulas in
 plain Python, and an independent rotated-box IoU (edge intersections + contained corners +
@@ -16,7 +16,8 @@ from torch_npu.op_plugin._registry import IMPLEMENTED, META
 
 npu = torch.ops.npu
 DEVICES = ["cpu", "npu"]
-OPS = ["npu_rotated_box_encode", "npu_rotated_box_decode", "_npu_ciou", "npu_ciou_backward", "npu_nms_rotated"]
+OPS = ["npu_rotated_box_encode", "npu_rotated_box_decode", "_npu_ciou", "npu_ciou_backward", "npu_nms_rotated",
+       "npu_sub_sample"]
 
 
 def test_ops_are_emulated_without_meta_only_kernels():
@@ -379,3 +380,60 @@ def test_nms_rotated_fake_and_meta():
         assert num.shape == (1,) and num.dtype == torch.int32
     with pytest.raises(NotImplementedError, match="depends on the values"):
         torch_npu.npu_nms_rotated(torch.empty(10, 5, device="meta"), torch.empty(10, device="meta"), 0.5)
+
+
+# ----------------------------------------------------------------- sub-sampling of labels
+
+def ref_sample_counts(labels, per_images, fraction):
+    """(positives, negatives) the sample must hold: min(#pos, int(per_images * fraction)) and
+    min(#neg, per_images - positives)."""
+    n_pos = sum(1 for v in labels if v >= 1)
+    n_neg = sum(1 for v in labels if v == 0)
+    pos = min(n_pos, int(per_images * fraction))
+    return pos, min(n_neg, per_images - pos)
+
+
+def check_sample(labels, out, per_images, fraction):
+    labels, out = labels.tolist(), out.tolist()
+    pos, neg = ref_sample_counts(labels, per_images, fraction)
+    assert sum(1 for v in out if v >= 1) == pos and sum(1 for v in out if v == 0) == neg
+    # a sampled element keeps its label, everything else is -1
+    assert all(o == -1 or o == v for o, v in zip(out, labels))
+    assert sum(1 for v in out if v != -1) == pos + neg
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_sub_sample_counts_as_torch_npu_test(device):
+    g = torch.Generator().manual_seed(11)
+    for trial in range(20):   # torch_npu's test: 10 labels in {-1, 0, 1}, per_images 5, fraction 0.6
+        labels = torch.randint(-1, 2, (10,), generator=g, dtype=torch.int32)
+        out = torch_npu.npu_sub_sample(labels.to(device), 5, 0.6)
+        assert out.dtype == torch.int32 and out.device.type == device and out.shape == (10,)
+        check_sample(labels, out.cpu(), 5, 0.6)
+    labels = torch.randint(-1, 4, (300,), generator=g, dtype=torch.int32)   # multi-class positives
+    for per_images, fraction in ((64, 0.25), (512, 0.5), (0, 0.5), (40, 1.0), (40, 0.0)):
+        check_sample(labels, torch_npu.npu_sub_sample(labels.to(device), per_images, fraction).cpu(),
+                     per_images, fraction)
+
+
+def test_sub_sample_is_uniform_and_seeded():
+    labels = torch.tensor([1, 1, 1, 1, 0, 0, 0, 0, 0, 0, -1, 1], dtype=torch.int32)
+    torch.manual_seed(3)
+    first = torch_npu.npu_sub_sample(labels, 4, 0.5)
+    torch.manual_seed(3)
+    assert torch.equal(torch_npu.npu_sub_sample(labels, 4, 0.5), first)
+    picked = torch.zeros(12)
+    trials = 600
+    for _ in range(trials):
+        picked += (torch_npu.npu_sub_sample(labels, 4, 0.5) != -1).float()
+    # each of the 5 positives is drawn with probability 2/5, each of the 6 negatives with 2/6
+    freq = picked / trials
+    assert freq[10] == 0
+    assert torch.all((freq[[0, 1, 2, 3, 11]] - 0.4).abs() < 0.08)
+    assert torch.all((freq[4:10] - 1 / 3).abs() < 0.08)
+    with FakeTensorMode():
+        assert torch_npu.npu_sub_sample(torch.empty(10, dtype=torch.int32), 4, 0.5).shape == (10,)
+    with pytest.raises(RuntimeError, match="must be int32"):
+        torch_npu.npu_sub_sample(labels.long(), 4, 0.5)
+    with pytest.raises(RuntimeError, match=r"positive_fraction must be in \[0, 1\]"):
+        torch_npu.npu_sub_sample(labels, 4, 1.5)

@@ -341,7 +341,6 @@ def test_meta_only_ops_shapes_and_raise():
         s, q = torch.ops.npu.batch_norm_reduce(torch.empty(4, 6, 5, 5), 1e-5)
         assert s.shape == (6,) and q.shape == (6,) and s.dtype == torch.float32
         assert torch_npu.npu_normalize_batch(x, torch.empty(2, dtype=torch.int32), 1).shape == x.shape
-        assert torch_npu.npu_sub_sample(torch.empty(10, dtype=torch.int32), 4, 0.5).shape == (10,)
     for name, call in (("npu_normalize_batch", lambda: torch_npu.npu_normalize_batch(
                            torch.zeros(2, 3, 5), torch.tensor([3, 4], dtype=torch.int32), 0)),
                        ("batch_norm_reduce", lambda: torch.ops.npu.batch_norm_reduce(torch.zeros(2, 3, 4), 1e-5))):

@@ -19,7 +19,7 @@ Emulated (each docstring states the formula and where it comes from):
 
 Meta kernels only (the computation is not documented precisely enough to emulate):
 ``_npu_dropout_gen_mask.Tensor``, ``_npu_index_add(_)``, ``batch_norm_reduce``,
-``npu_normalize_batch``, ``npu_sub_sample``.
+``npu_normalize_batch`` (``npu_sub_sample`` is emulated in ``detection_more_r9.py``).
 
 ``npu_change_data_ptr`` (re-points one tensor's storage at another's memory) stays
 not emulated: the emulated device cannot move a live tensor's data pointer.
@@ -495,9 +495,4 @@ def npu_normalize_batch_meta(self, seq_len, normalize_type=0):
     torch._check(seq_len.dim() == 1 and seq_len.shape[0] == self.shape[0],
                  lambda: "seq_len's length should be equal self' num")
     torch._check(normalize_type in (0, 1), lambda: "normalize_type expected to be in range [0, 1]")
-    return torch.empty_like(self)
-
-
-@meta("npu_sub_sample")
-def npu_sub_sample_meta(self, per_images, positive_fraction):
     return torch.empty_like(self)
