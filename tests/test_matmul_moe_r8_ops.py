@@ -967,8 +967,6 @@ META_CASES = [
     ("npu_matmul_compress_dequant", lambda: ((E(4, 32, dtype=I8), E(100, dtype=I8), E(8, dtype=I8),
                                               E(1, 24, dtype=I32), E(1, 24, dtype=F32)), {}),
      [((4, 24), torch.float16)]),
-    ("npu_quant_grouped_matmul_dequant", lambda: ((E(4, 8), E(2, 6, 8, dtype=I8), E(2, 6, dtype=F32),
-                                                   E(2, dtype=I64)), {}), [((4, 6), torch.float16)]),
     ("_npu_matmul_abft_verify", lambda: ((E(17, 8), E(8, 300), E(17, 300, dtype=F32), E(300)), {}),
      [((3 * 2,), U8)]),
     ("npu_quant_matmul_all_to_all", lambda: ((E(4, 8, dtype=I8), E(8, 6, dtype=I8), "g", 2), {}),

@@ -27,7 +27,7 @@ def _assert_int8_close(got, ref):
     assert float((diff == 0).double().mean()) >= 0.97
 
 
-def _dynamic_row(values, peak_to_scale):
+def _dynamic_row(values):
     """float64 int8 row quantisation: factor 127/max, round half to even, saturate."""
     peak = max(abs(v) for v in values)
     if peak == 0:
@@ -56,7 +56,7 @@ def _swiglu_quant_ref(x, smooth, group_index, group_list_type, activate_left):
             if g < smooth.shape[0]:   # rows past the last group keep factor 1 (the golden)
                 f = smooth.double()[g].reshape(-1).tolist()
                 s = [s[j] * (f[j] if len(f) > 1 else f[0]) for j in range(n)]
-        q, peak = _dynamic_row(s, 127.0)
+        q, peak = _dynamic_row(s)
         ys.append(q)
         scales.append(127.0 / peak if peak else math.inf)
     lead = list(x.shape[:-1])
@@ -150,7 +150,7 @@ def _dequant_swiglu_ref(x, ws, act, qs, activate_left):
         d = [row[j] * w[j] * a[r] for j in range(two_h)]
         first, second = d[:h], d[h:]
         s = [(_silu(first[j]) * second[j] if activate_left else _silu(second[j]) * first[j]) * q[j] for j in range(h)]
-        yq, peak = _dynamic_row(s, 127.0)
+        yq, peak = _dynamic_row(s)
         ys.append(yq)
         scales.append(peak / 127.0)
     lead = list(x.shape[:-1])
@@ -437,3 +437,111 @@ def test_fake_tensor_shapes_norm_and_matmul():
         out = torch.ops.npu.npu_quant_matmul_dequant(torch.empty(4, 8, dtype=torch.float16),
                                                      torch.empty(6, 8, dtype=torch.int8), torch.empty(6))
         assert (tuple(out.shape), out.dtype) == ((4, 6), torch.float16)
+
+
+# ------------------------------------------------------------------ npu_quant_grouped_matmul_dequant
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mode", ["pertoken", "pertensor"])
+def test_quant_grouped_matmul_dequant(device, mode):
+    torch.manual_seed(6)
+    m, k, n, g = 9, 16, 5, 3
+    x = torch.randn(m, k).half()
+    w = torch.randint(-128, 128, (g, n, k), dtype=torch.int8)
+    ws = torch.rand(g, n) * 0.01
+    ends = torch.tensor([2, 2, 7])             # an empty group; rows 7, 8 past the last end
+    kw = {}
+    smooth = None
+    if mode == "pertensor":
+        smooth = (torch.rand(k) + 0.5).half()
+        kw = dict(x_scale=torch.tensor([0.03]).to(device), smooth_scale=smooth.to(device))
+    got = torch.ops.npu.npu_quant_grouped_matmul_dequant(x.to(device), w.to(device), ws.to(device), ends.to(device),
+                                                         quant_mode=mode, **kw)
+    assert got.dtype == torch.float16 and got.shape == (m, n) and got.device.type == device
+    ref = torch.zeros(m, n, dtype=torch.float64)
+    start = 0
+    for grp, end in enumerate(ends.tolist()):   # the golden's per-group loop
+        if end > start:
+            ref[start:end] = _quant_matmul_dequant_ref(x[start:end], w[grp], ws[grp], mode, x_scale=0.03,
+                                                       smooth=None if smooth is None else smooth.double())
+        start = end
+    t_max = float(x.float().abs().amax(1).max() / 127) if mode == "pertoken" else 0.03
+    diff = (got.cpu().double() - ref).abs()
+    assert float(diff.max()) <= float(128 * ws.max() * t_max) + 1e-3
+    assert float((diff <= 2e-3 * ref.abs() + 1e-3).double().mean()) >= 0.9
+    assert got[7:].eq(0).all()
+
+
+def test_quant_grouped_matmul_dequant_errors():
+    x, w, ws = torch.randn(4, 8).half(), torch.zeros(2, 3, 8, dtype=torch.int8), torch.ones(2, 3)
+    op = torch.ops.npu.npu_quant_grouped_matmul_dequant
+    with pytest.raises(RuntimeError, match="group_list must be 1-D of length 2"):
+        op(x, w, ws, torch.tensor([4]))
+    with pytest.raises(RuntimeError, match="weight_scale shape must equal"):
+        op(x, w, torch.ones(2, 4), torch.tensor([2, 4]))
+    with pytest.raises(NotImplementedError, match="bias"):
+        op(x, w, ws, torch.tensor([2, 4]), bias=torch.ones(3))
+
+
+# ------------------------------------------------------------------ _npu_rms_norm_backward_quant
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("div_mode", [True, False])
+def test_rms_norm_backward_quant(device, dtype, div_mode):
+    """The golden: RMSNorm backward (formula written here in float64), dx rounded to x's dtype,
+    then ``round(dx / scale + offset)`` (div_mode) or ``round(dx * scale + offset)``, int8."""
+    torch.manual_seed(7)
+    dy = torch.randn(2, 3, 16).to(dtype)
+    x = torch.randn(2, 3, 16).to(dtype)
+    gamma = torch.randn(16).to(dtype)
+    rstd = (torch.rand(2, 3) + 0.5)
+    scale = torch.tensor([0.05 if div_mode else 20.0])
+    offset = torch.tensor([3], dtype=torch.int32)
+    dq, dgamma = torch.ops.npu._npu_rms_norm_backward_quant(dy.to(device), x.to(device), rstd.to(device),
+                                                            gamma.to(device), scale.to(device),
+                                                            offset_x=offset.to(device), div_mode=div_mode)
+    xd, dyd, gd, rd = x.double(), dy.double(), gamma.double(), rstd.double().unsqueeze(-1)
+    xhat = xd * rd
+    gdy = dyd * gd
+    dx = rd * (gdy - xhat * (gdy * xhat).mean(-1, keepdim=True))
+    dx = dx.to(dtype).double()                     # the golden quantises the x-dtype dx
+    v = dx / 0.05 if div_mode else dx * 20.0
+    ref_q = torch.round(v + 3).clamp(-128, 127)
+    ref_dgamma = (dyd * xhat).sum((0, 1))
+    assert dq.dtype == torch.int8 and dq.shape == x.shape and dq.device.type == device
+    if dtype == torch.float32:
+        _assert_int8_close(dq, ref_q)
+    else:
+        # dx is rounded to float16/bfloat16 here and in the emulation from slightly different
+        # float64 / float32 values: one step of that grid, times the quantisation factor
+        # (1 / 0.05 or 20, both 20), may separate the int8 results
+        step = dx.abs() * (2 ** -10 if dtype == torch.float16 else 2 ** -7) * 20.0
+        assert bool(((dq.cpu().double() - ref_q).abs() <= step + 1).all())
+    assert dgamma.dtype == torch.float32 and dgamma.shape == (16,)
+    torch.testing.assert_close(dgamma.cpu().double(), ref_dgamma, rtol=2e-3 if dtype != torch.float32 else 1e-5,
+                               atol=2e-3 if dtype != torch.float32 else 1e-5)
+
+
+def test_rms_norm_backward_quant_errors():
+    dy = x = torch.randn(2, 8)
+    op = torch.ops.npu._npu_rms_norm_backward_quant
+    with pytest.raises(NotImplementedError, match="quant_mode='dynamic'"):
+        op(dy, x, torch.ones(2), torch.ones(8), torch.ones(1), quant_mode="dynamic")
+    with pytest.raises(NotImplementedError, match="per-channel scale_x"):
+        op(dy, x, torch.ones(2), torch.ones(8), torch.ones(8))
+    with pytest.raises(RuntimeError, match="rstd must hold one value"):
+        op(dy, x, torch.ones(3), torch.ones(8), torch.ones(1))
+
+
+def test_fake_tensor_shapes_grouped_and_backward_quant():
+    with FakeTensorMode():
+        out = torch.ops.npu.npu_quant_grouped_matmul_dequant(torch.empty(4, 8, dtype=torch.float16),
+                                                             torch.empty(2, 6, 8, dtype=torch.int8),
+                                                             torch.empty(2, 6), torch.empty(2, dtype=torch.int64))
+        assert (tuple(out.shape), out.dtype) == ((4, 6), torch.float16)
+        dq, dg = torch.ops.npu._npu_rms_norm_backward_quant(torch.empty(3, 8), torch.empty(3, 8), torch.empty(3, 1),
+                                                            torch.empty(8, dtype=torch.float16), torch.empty(1))
+        assert (tuple(dq.shape), dq.dtype, tuple(dg.shape), dg.dtype) == ((3, 8), torch.int8, (8,), torch.float32)

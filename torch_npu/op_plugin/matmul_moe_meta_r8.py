@@ -94,25 +94,6 @@ def npu_matmul_compress_dequant(x1, x2, compress_index, bias, scale, *, offsetW=
     return _empty((x1.shape[0], bias.shape[1]), torch.float16, x1)
 
 
-def _quant_dequant_checks(op, x, quantized_weight, weight_scale, w_dims):
-    _check(x.dim() == 2, op, "the x dim support only 2")
-    _check(x.dtype == torch.float16, op, "the x dtype support only float16")
-    _check(quantized_weight.dim() == w_dims, op, "the quantized_weight dim support only %d" % w_dims)
-    _check(quantized_weight.dtype == torch.int8, op, "the quantized_weight dtype support only int8")
-    _check(weight_scale.dim() == w_dims - 1, op, "the weight_scale dim support only %d" % (w_dims - 1))
-    _check(weight_scale.dtype == torch.float32, op, "the weight_scale dtype support only float")
-    _check(x.shape[1] == quantized_weight.shape[-1], op, "x shape[1] not equal to quantized_weight shape[-1]")
-    _check(tuple(weight_scale.shape) == tuple(quantized_weight.shape[:-1]), op,
-           "weight_scale shape must equal quantized_weight shape[:-1]")
-
-
-@meta("npu_quant_grouped_matmul_dequant")
-def npu_quant_grouped_matmul_dequant(x, quantized_weight, weight_scale, group_list, *, bias=None, x_scale=None,
-                                     x_offset=None, smooth_scale=None, quant_mode='pertoken'):
-    _quant_dequant_checks("npu_quant_grouped_matmul_dequant", x, quantized_weight, weight_scale, 3)
-    return _empty((x.shape[0], weight_scale.shape[1]), x.dtype, x)
-
-
 @meta("_npu_matmul_abft_verify")
 def _npu_matmul_abft_verify(a, b, c, checksum_weight, *, e_max=0.001):
     op = "_npu_matmul_abft_verify"

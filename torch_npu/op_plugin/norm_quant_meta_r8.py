@@ -101,17 +101,6 @@ def _check_dims(op, name, t, lo, hi):
 # ------------------------------------------------------------------ quantising norms
 
 
-@meta("_npu_rms_norm_backward_quant")
-def _npu_rms_norm_backward_quant_meta(dy, x, rstd, gamma, scale_x, *, offset_x=None, div_mode=True,
-                                      quant_mode="static", dst_type=1):
-    """``(dx, dgamma)``: dx has dy's shape in ``dst_type`` (int8 by default), dgamma is
-    float32 with gamma's shape."""
-    op = "_npu_rms_norm_backward_quant"
-    _fail(dy.dim() >= 1 and x.dim() >= 1, op, "dy and x must have at least 1 dimension")
-    dt, _ = _storage(op, "dst_type", 1 if dst_type is None else dst_type)
-    return _new(dy, dy.shape, dt), _new(gamma, gamma.shape, torch.float32)
-
-
 # ------------------------------------------------------------------ quantisation
 
 

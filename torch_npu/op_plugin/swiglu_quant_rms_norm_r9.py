@@ -12,6 +12,14 @@ Not emulated (NotImplementedError naming the argument): ``gamma`` with more than
 golden reduces over a different axis than the adapter's rstd shape implies), int4 output
 (``torch.quint4x2``: the golden packs without saying how out-of-range values saturate) and the
 float8 / hifloat8 destinations.
+
+_npu_rms_norm_backward_quant (aclnnRmsNormGradQuant; op-plugin golden
+``test_npu_rms_norm_backward_quant.py``): exactly the golden's composition,
+``(dx, dgamma) = npu_rms_norm_backward(dy, x, gamma, rstd)`` followed by
+``npu_quantize(dx, scale_x, offset_x, dtype=dst_type, div_mode=div_mode)`` (dx is rounded to
+x's dtype first, as the golden does); dgamma is float32. ``rstd`` may be given with or without
+the kept normalised dims (the golden passes ``x.shape[:-1]``). Only ``quant_mode="static"`` and a
+per-tensor ``scale_x`` (one value, as in the golden) are emulated.
 """
 import torch
 
@@ -58,3 +66,33 @@ def npu_rms_norm_quant_v2(x, gamma, scale, *, offset=None, beta=None, epsilon=1e
     if x.requires_grad:
         return y, rstd
     return y, x.new_empty((0,), dtype=torch.float32)
+
+
+@impl("_npu_rms_norm_backward_quant")
+def _npu_rms_norm_backward_quant(dy, x, rstd, gamma, scale_x, *, offset_x=None, div_mode=True, quant_mode="static",
+                                 dst_type=1):
+    """``(dx quantised, dgamma float32)``. See the module doc."""
+    op = "_npu_rms_norm_backward_quant"
+    if quant_mode != "static":
+        raise NotImplementedError("%s: quant_mode=%r is not supported by the CPU-emulated NPU (only 'static')"
+                                  % (op, quant_mode))
+    if scale_x.numel() != 1:
+        raise NotImplementedError("%s: a per-channel scale_x (%d values) is not supported by the CPU-emulated NPU "
+                                  "(only one value, as in the golden)" % (op, scale_x.numel()))
+    check(dy.shape == x.shape, op, "dy must have x's shape %s, got %s" % (tuple(x.shape), tuple(dy.shape)))
+    check(1 <= gamma.dim() <= x.dim(), op, "gamma must have 1 to %d dims, got %d" % (x.dim(), gamma.dim()))
+    lead = list(x.shape[:x.dim() - gamma.dim()])
+    check(rstd.numel() == max(1, _numel(lead)), op, "rstd must hold one value per normalised row (%s), got %s"
+          % (tuple(lead), tuple(rstd.shape)))
+    rstd_kept = rstd.reshape(lead + [1] * gamma.dim())
+    dx, dgamma = torch.ops.npu.npu_rms_norm_backward(dy, x, gamma, rstd_kept)
+    dq = torch.ops.npu.npu_quantize(dx, scale_x.reshape(1), offset_x, 1 if dst_type is None else dst_type,
+                                    div_mode=True if div_mode is None else div_mode)
+    return dq, dgamma.float()
+
+
+def _numel(shape):
+    n = 1
+    for d in shape:
+        n *= d
+    return n
