@@ -180,11 +180,174 @@ def test_fuse_add_softmax_dropout_training(shape):
     assert abs(drop_rate - p) < 0.05 if out.numel() > 10000 else 0 < drop_rate < 0.6
 
 
-def test_fused_attention_not_emulated():
-    for fn, name in ((F.npu_fused_attention, "npu_fused_attention"),
-                     (F.npu_fused_attention_with_layernorm, "npu_fused_attention_with_layernorm")):
-        with pytest.raises(NotImplementedError, match=name):
-            fn(torch.zeros(32, 768))
+# ---------------------------------------------------------------- fused BERT attention
+
+_FA_B, _FA_S, _FA_H = 2, 32, 768          # shapes the fused kernels take (B*S % 32 == 0, H in 768/1024)
+_FA_N = _FA_H // 64
+
+
+@pytest.fixture
+def fresh_fa_check(monkeypatch):
+    """torch_npu checks the fused-attention inputs once per process: start each test unchecked."""
+    from torch_npu.contrib.function import fused_attention
+    monkeypatch.setitem(fused_attention._compatibility, "checked", False)
+
+
+def _fa_params(seed, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    b, s, h = _FA_B, _FA_S, _FA_H
+    p = {"hidden": torch.randn(b * s, h, generator=g), "mask": torch.zeros(b, 1, s, s)}
+    p["mask"][1, :, :, 20:] = -10000.0          # BERT padding mask of the second sequence
+    for name in ("wq", "wk", "wv"):
+        p[name] = torch.randn(h, h, generator=g) * 0.03
+    for name in ("bq", "bk", "bv"):
+        p[name] = torch.randn(h, generator=g) * 0.1
+    p["gamma"] = 1 + 0.1 * torch.randn(h, generator=g)
+    p["beta"] = 0.1 * torch.randn(h, generator=g)
+    return {k: v.to(dtype) for k, v in p.items()}
+
+
+def _fa_npu_args(p, layernorm):
+    """Inputs as torch_npu wants them: hidden/mask/kernels FRACTAL_NZ (29), biases and gamma/beta ND."""
+    def nz(t):
+        return torch_npu.npu_format_cast(t.npu(), 29).requires_grad_(t.dtype.is_floating_point)
+    args = [nz(p["hidden"]), torch_npu.npu_format_cast(p["mask"].npu(), 29), nz(p["wq"]), nz(p["wk"]), nz(p["wv"])]
+    args += [p[k].npu().requires_grad_() for k in ("bq", "bk", "bv")]
+    if layernorm:
+        args += [p["gamma"].npu().requires_grad_(), p["beta"].npu().requires_grad_()]
+    args[1].requires_grad_(False)
+    return args
+
+
+def _bert_self_attention(hidden, mask, wq, wk, wv, bq, bk, bv, scale):
+    """Plain BERT self-attention (heads of 64) on CPU: (B*S, H) context."""
+    b, s, n = _FA_B, _FA_S, _FA_N
+
+    def heads(x):
+        return x.view(b, s, n, 64).permute(0, 2, 1, 3)
+    q, k, v = heads(hidden @ wq + bq), heads(hidden @ wk + bk), heads(hidden @ wv + bv)
+    probs = torch.softmax(q @ k.transpose(-1, -2) * scale + mask, dim=-1)
+    return (probs @ v).permute(0, 2, 1, 3).reshape(b * s, n * 64)
+
+
+@pytest.mark.parametrize("layernorm", [False, True])
+def test_fused_attention_matches_bert_reference(fresh_fa_check, layernorm):
+    p = _fa_params(0)
+    scale = 1 / math.sqrt(64)
+    args = _fa_npu_args(p, layernorm)
+    ref_in = {k: v.double().requires_grad_(k != "mask") for k, v in p.items()}
+    grad_ctx = torch.randn(_FA_B * _FA_S, _FA_H)
+    if layernorm:
+        ctx, norm = F.npu_fused_attention_with_layernorm(*args, scale, 1.0)
+        ref_norm = torch.nn.functional.layer_norm(ref_in["hidden"], (_FA_H,), ref_in["gamma"], ref_in["beta"], 1e-5)
+        grad_norm = torch.randn(_FA_B * _FA_S, _FA_H)
+        torch.testing.assert_close(norm.cpu().double(), ref_norm, rtol=1e-5, atol=1e-5)
+        ((ctx * grad_ctx.npu()).sum() + (norm * grad_norm.npu()).sum()).backward()
+    else:
+        ctx = F.npu_fused_attention(*args, scale, 1.0)
+        ref_norm = ref_in["hidden"]
+        ctx.backward(grad_ctx.npu())
+    ref_ctx = _bert_self_attention(ref_norm, ref_in["mask"], *(ref_in[k] for k in ("wq", "wk", "wv", "bq", "bk", "bv")),
+                                   scale)
+    assert ctx.shape == (_FA_B * _FA_S, _FA_H) and ctx.device.type == "npu"
+    torch.testing.assert_close(ctx.cpu().double(), ref_ctx, rtol=1e-5, atol=1e-5)
+    ref_loss = (ref_ctx * grad_ctx.double()).sum()
+    if layernorm:
+        ref_loss = ref_loss + (ref_norm * grad_norm.double()).sum()
+    ref_loss.backward()
+    names = ["hidden", "wq", "wk", "wv", "bq", "bk", "bv"] + (["gamma", "beta"] if layernorm else [])
+    for name, got in zip(names, [args[0]] + args[2:]):
+        want = ref_in[name].grad
+        torch.testing.assert_close(got.grad.cpu().double(), want, rtol=1e-4, atol=1e-4 * want.abs().max().item() + 1e-6,
+                                   msg=lambda m: "%s: %s" % (name, m))
+    assert args[1].grad is None
+
+
+def test_fused_attention_float16(fresh_fa_check):
+    p = _fa_params(1, torch.float16)
+    args = _fa_npu_args(p, layernorm=False)
+    ctx = F.npu_fused_attention(*args, 0.125, 1.0)
+    assert ctx.dtype == torch.float16
+    ref = _bert_self_attention(*(p[k].double() for k in ("hidden", "mask", "wq", "wk", "wv", "bq", "bk", "bv")), 0.125)
+    # float16 inputs, float32 compute, float16 results (q/k/v rounded to float16 between the ops)
+    torch.testing.assert_close(ctx.cpu().double(), ref, rtol=2e-2, atol=2e-2)
+
+
+def test_fused_attention_dropout_rate_and_scaling(fresh_fa_check):
+    """Uniform attention (zero query/key projections) over all-ones values: each context entry is
+    (number of kept probabilities in its row) / (S * keep_prob), so the drop mask is readable."""
+    p = _fa_params(2)
+    p["mask"].zero_()
+    for name in ("wq", "wk", "wv", "bq", "bk"):
+        p[name].zero_()
+    p["bv"].fill_(1.0)
+    keep_prob = 0.8
+    torch.npu.manual_seed(5)
+    ctx = F.npu_fused_attention(*_fa_npu_args(p, layernorm=False), 1.0, keep_prob).detach().cpu().double()
+    kept = (ctx * _FA_S * keep_prob).view(_FA_B, _FA_S, _FA_N, 64)
+    torch.testing.assert_close(kept, kept.round(), rtol=0, atol=1e-4)   # whole counts: kept values scaled by 1/keep
+    assert torch.equal(kept[..., :1].expand_as(kept), kept)            # one mask row per (b, s, head)
+    rate = kept[..., 0].sum().item() / (_FA_B * _FA_N * _FA_S * _FA_S)
+    assert abs(rate - keep_prob) < 0.01                                # 24576 draws: std 0.0026
+
+
+@pytest.mark.parametrize("layernorm", [False, True])
+def test_fused_attention_dropout_backward_uses_forward_mask(fresh_fa_check, layernorm):
+    """With the generator reset before each forward the mask repeats, so the directional
+    derivative of <context, G> by central differences must equal the backward's gradient."""
+    p = _fa_params(3, torch.float64)
+    keep_prob, scale = 0.7, 0.125
+    g = torch.Generator().manual_seed(9)
+    grad_ctx = torch.randn(_FA_B * _FA_S, _FA_H, generator=g, dtype=torch.float64).npu()
+    dirs = {k: torch.randn(p[k].shape, generator=g, dtype=torch.float64) for k in ("hidden", "wq", "wv")}
+    fn = F.npu_fused_attention_with_layernorm if layernorm else F.npu_fused_attention
+
+    def loss(shift):
+        q = dict(p)
+        for k, d in dirs.items():
+            q[k] = p[k] + shift * d
+        args = _fa_npu_args(q, layernorm)
+        torch.npu.manual_seed(11)
+        out = fn(*args, scale, keep_prob)
+        ctx = out[0] if layernorm else out
+        return (ctx * grad_ctx).sum(), args
+
+    value, args = loss(0.0)
+    value.backward()
+    analytic = sum((args[i].grad.cpu() * dirs[k]).sum().item() for i, k in ((0, "hidden"), (2, "wq"), (4, "wv")))
+    eps = 1e-5
+    numeric = (loss(eps)[0].item() - loss(-eps)[0].item()) / (2 * eps)
+    assert abs(numeric - analytic) <= 1e-6 * max(1.0, abs(analytic))
+    torch.npu.manual_seed(12)   # another mask gives another value: the mask does matter
+    other = fn(*_fa_npu_args(p, layernorm), scale, keep_prob)
+    assert abs(((other[0] if layernorm else other) * grad_ctx).sum().item() - value.item()) > 1e-3
+
+
+def test_fused_attention_compatibility_check(fresh_fa_check):
+    from torch_npu.contrib.function import fused_attention
+    p = _fa_params(4)
+    cpu_args = [p[k] for k in ("hidden", "mask", "wq", "wk", "wv", "bq", "bk", "bv")]
+    with pytest.raises(RuntimeError, match="format not matches"):
+        F.npu_fused_attention(*cpu_args, 0.125, 1.0)     # ND tensors: the kernels need FRACTAL_NZ
+    args = _fa_npu_args(p, layernorm=True)
+    gamma_nz = torch_npu.npu_format_cast(args[8].detach(), 29)
+    fused_attention._compatibility["checked"] = False
+    with pytest.raises(RuntimeError, match="gamma or beta format not matches"):
+        F.npu_fused_attention_with_layernorm(*args[:8], gamma_nz, args[9], 0.125, 1.0)
+    bad_hidden = torch_npu.npu_format_cast(torch.randn(64, 512).npu(), 29)
+    fused_attention._compatibility["checked"] = False
+    with pytest.raises(RuntimeError, match="shape of hidden_states not matches"):
+        F.npu_fused_attention(bad_hidden, *args[1:8], 0.125, 1.0)
+    bad_mask = torch_npu.npu_format_cast(torch.zeros(2, 1, 32, 16).npu(), 29)
+    fused_attention._compatibility["checked"] = False
+    with pytest.raises(RuntimeError, match="shape of attention_mask not matches"):
+        F.npu_fused_attention(args[0], bad_mask, *args[2:8], 0.125, 1.0)
+    # as in torch_npu the check runs once per process: after the first call, even ND inputs pass it
+    fused_attention._compatibility["checked"] = False
+    F.npu_fused_attention(*args[:8], 0.125, 1.0)
+    nd_hidden = args[0].detach().clone()
+    torch_npu.npu_format_cast_(nd_hidden, 2)
+    assert F.npu_fused_attention(nd_hidden, *args[1:8], 0.125, 1.0).shape == (64, 768)
 
 
 @pytest.mark.parametrize("device", DEVICES)
