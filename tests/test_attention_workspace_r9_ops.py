@@ -204,3 +204,24 @@ def test_fa_v3_forward_and_grad_out_with_workspace_captured():
     (p @ vr).backward(dy.cpu().double().permute(perm))
     for got, want in ((dq, qr.grad), (dk, kr.grad), (dv, vr.grad)):
         torch.testing.assert_close(got.cpu().permute(perm).double(), want, rtol=1e-4, atol=1e-5)
+
+
+def test_workspace_and_out_inside_torch_compile():
+    """torchair's static-workspace rewrite puts the allocator and the .out call in the traced graph:
+    both must trace on FakeTensors (fullgraph) and the compiled result equal the formula."""
+    def step(q, k, v):
+        ws = torch.ops.npu._npu_fused_infer_attention_score_get_max_workspace(q, k, v, num_heads=2,
+                                                                              input_layout="BSH", scale=0.5)
+        out, lse = torch.ops.npu._npu_fused_infer_attention_score_infer_output(q, v, input_layout="BSH", num_heads=2)
+        out, _ = torch.ops.npu.npu_fused_infer_attention_score.out(q, k, v, num_heads=2, input_layout="BSH",
+                                                                   scale=0.5, workspace=ws, attention_out=out,
+                                                                   softmax_lse=lse)
+        return out, ws
+
+    torch.manual_seed(4)
+    q = torch.randn(1, 3, 16, device="npu")
+    k, v = torch.randn(1, 5, 16, device="npu"), torch.randn(1, 5, 16, device="npu")
+    out, ws = torch.compile(step, fullgraph=True, backend="aot_eager")(q, k, v)
+    assert ws.shape == (0,) and ws.dtype == q.dtype
+    ref = _ref_attention(_bsh_to_bnsd(q.cpu(), 2), _bsh_to_bnsd(k.cpu(), 2), _bsh_to_bnsd(v.cpu(), 2), 0.5)
+    torch.testing.assert_close(_bsh_to_bnsd(out.cpu(), 2).double(), ref, rtol=1e-5, atol=1e-5)
