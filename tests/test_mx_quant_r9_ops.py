@@ -14,8 +14,12 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 import torch_npu
 
 DEVICES = ["cpu", "npu"]
-# dst -> (exponent bits, mantissa bits, emax, largest finite)
-FP8 = {torch.float8_e4m3fn: (4, 3, 8, 448.0), torch.float8_e5m2: (5, 2, 15, 57344.0)}
+# dst -> (mantissa bits, smallest private exponent, emax, largest finite), from the docs' tables
+FP8 = {torch.float8_e4m3fn: (3, -6, 8, 448.0), torch.float8_e5m2: (2, -14, 15, 57344.0)}
+FP4 = {296: (1, 0, 2, 6.0), 297: (2, 0, 0, 1.75)}
+FORMATS = {**FP8, **FP4}
+# float4 magnitudes in code order (OCP e2m1: bias 1; e1m2: value = code / 4)
+FP4_VALUES = {296: [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], 297: [c / 4 for c in range(8)]}
 
 
 def _rand(*shape, seed=0, dtype=torch.bfloat16, spread=True):
@@ -28,7 +32,7 @@ def _rand(*shape, seed=0, dtype=torch.bfloat16, spread=True):
 
 def _ref_scale_exp(amax, dst, scale_alg):
     """Unbiased shared exponent of one block (None for a non-finite block), clamped at -127."""
-    _, _, emax, dmax = FP8[dst]
+    _, _, emax, dmax = FORMATS[dst]
     if not math.isfinite(amax):
         return None
     if amax == 0:
@@ -45,19 +49,28 @@ def _ref_scale_exp(amax, dst, scale_alg):
     return max(e, -127)
 
 
-def _ref_element(v, dst):
-    """round-half-to-even of v onto the float8 grid, clipped to +-max."""
-    ebits, mbits, _, dmax = FP8[dst]
+def _ref_round(q, mode):
+    if mode == "rint":
+        r = float(round(q))                      # Python round is half-to-even
+    elif mode == "floor":
+        r = float(math.floor(q))
+    else:                                        # 'round': half away from zero
+        r = float(math.floor(abs(q) + 0.5))
+    return math.copysign(r, q)                   # keep -0, as numpy's rint/floor do
+
+
+def _ref_element(v, dst, mode="rint"):
+    """v rounded at its own exponent (>= the format's smallest) to the format's mantissa bits,
+    clipped to +-max (op-plugin's golden)."""
+    mbits, min_exp, _, dmax = FORMATS[dst]
     if v == 0:
         return v
-    min_exp = -(2 ** (ebits - 1)) + 2
     p = max(math.floor(math.log2(abs(v))), min_exp)
-    q = v / 2.0 ** p * 2 ** mbits
-    r = math.copysign(float(round(q)), q)   # Python round is half-to-even; keep -0 (as rint does)
+    r = _ref_round(v / 2.0 ** p * 2 ** mbits, mode)
     return max(-dmax, min(dmax, r / 2 ** mbits * 2.0 ** p))
 
 
-def _ref_mx_1d(values, dst, scale_alg, block=32):
+def _ref_mx_1d(values, dst, scale_alg, block=32, mode="rint"):
     """(elements, scale bytes) of one line of values along the quantised axis."""
     out, scales = [], []
     for start in range(0, len(values), block):
@@ -72,24 +85,35 @@ def _ref_mx_1d(values, dst, scale_alg, block=32):
             out += [math.copysign(0.0, v) for v in chunk]
         else:
             scales.append(e + 127)
-            out += [_ref_element(v / 2.0 ** e, dst) for v in chunk]
+            out += [_ref_element(v / 2.0 ** e, dst, mode) for v in chunk]
     if len(scales) % 2:
         scales.append(0)
     return out, scales
 
 
-def _ref_mx(x, axis, dst, scale_alg, block=32):
+def _fp4_pack_ref(values, dst):
+    """float4 codes (sign bit 3, magnitude = index in the value table), two per byte along the
+    last dim: even element in the low nibble (op-plugin's golden)."""
+    table = FP4_VALUES[dst]
+    codes = [[(8 if math.copysign(1.0, v) < 0 else 0) + table.index(abs(v)) for v in row] for row in values]
+    return [[row[i] | (row[i + 1] << 4) for i in range(0, len(row), 2)] for row in codes]
+
+
+def _ref_mx(x, axis, dst, scale_alg, block=32, mode="rint"):
     """Reference ``(y bits uint8, scale uint8)`` of x quantised along ``axis``."""
     xd = x.double().movedim(axis, -1)
     lead = xd.shape[:-1]
     rows = xd.reshape(-1, xd.shape[-1]).tolist()
     ys, ss = [], []
     for row in rows:
-        y, s = _ref_mx_1d(row, dst, scale_alg, block)
+        y, s = _ref_mx_1d(row, dst, scale_alg, block, mode)
         ys.append(y)
         ss.append(s)
     y = torch.tensor(ys, dtype=torch.float64).reshape(*lead, -1).movedim(-1, axis)
     s = torch.tensor(ss, dtype=torch.uint8).reshape(*lead, -1, 2).movedim(-2, axis % x.dim())
+    if dst in FP4:
+        flat = y.reshape(-1, y.shape[-1]).tolist()
+        return torch.tensor(_fp4_pack_ref(flat, dst), dtype=torch.uint8).reshape(*y.shape[:-1], -1), s
     # every reference value is exactly representable: the cast only encodes it
     return y.to(dst).view(torch.uint8), s
 
@@ -219,9 +243,11 @@ def test_dual_axis_errors():
         torch_npu.npu_dynamic_mx_quant_with_dual_axis(torch.zeros(64, dtype=torch.float16), dst_type=24)
     with pytest.raises(RuntimeError, match="float16 or bfloat16"):
         torch_npu.npu_dynamic_mx_quant_with_dual_axis(torch.zeros(4, 64), dst_type=24)
-    with pytest.raises(NotImplementedError, match="scale_alg=2"):
+    with pytest.raises(RuntimeError, match="scale_alg only supports 0 and 1 for float8"):
         torch_npu.npu_dynamic_mx_quant_with_dual_axis(torch.zeros(4, 64, dtype=torch.float16), dst_type=24,
                                                       scale_alg=2)
+    with pytest.raises(NotImplementedError, match="scale_alg=2"):
+        torch_npu.npu_dynamic_mx_quant_with_dual_axis(torch.zeros(4, 64, dtype=torch.float16), scale_alg=2)
 
 
 # ------------------------------------------------------------------ FakeTensor shapes
@@ -361,4 +387,82 @@ def test_norm_fake_shapes(call, expected):
         return torch.empty(*shape, dtype=torch.float16).requires_grad_(grad)
     with FakeTensorMode():
         got = call(fake)
+    assert _sig(got) == expected
+
+
+# ------------------------------------------------------------------ float4 destinations
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dst", [296, 297])
+@pytest.mark.parametrize("mode", ["rint", "floor", "round"])
+def test_dynamic_mx_quant_float4(device, dst, mode):
+    x = _rand(3, 2, 100, seed=14, dtype=torch.bfloat16)
+    y, s = torch_npu.npu_dynamic_mx_quant(x.to(device), dst_type=dst, round_mode=mode)
+    ry, rs = _ref_mx(x, -1, dst, 0, mode=mode)
+    assert y.dtype == torch.uint8 and y.shape == (3, 2, 50) and s.shape == (3, 2, 2, 2)
+    assert torch.equal(s.cpu(), rs) and torch.equal(y.cpu(), ry)
+    # along a non-last axis the packing stays along the last dim
+    y0, s0 = torch_npu.npu_dynamic_mx_quant(x.to(device), axis=0, dst_type=dst, round_mode=mode)
+    ry0, rs0 = _ref_mx(x, 0, dst, 0, mode=mode)
+    assert torch.equal(s0.cpu(), rs0) and torch.equal(y0.cpu(), ry0)
+
+
+def test_float4_hand_values():
+    """amax 7 -> scale 2**0 for e2m1; 5 is a tie between 4 and 6 (rint -> 4, round -> 6);
+    -7 clips to -6; the byte holds the first element in its low nibble."""
+    x = torch.tensor([[0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, -7.0] + [0.0] * 24])
+    y, s = torch_npu.npu_dynamic_mx_quant(x, dst_type=torch.float4_e2m1fn_x2)
+    assert s.tolist() == [[[127, 0]]]
+    assert y[0, :4].tolist() == [0x20, 0x54, 0x66, 0xF7]
+    y, _ = torch_npu.npu_dynamic_mx_quant(x, round_mode="round")
+    assert y[0, 2].item() == 0x76
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_dual_axis_and_norm_float4(device):
+    x = _rand(64, 40, seed=15, dtype=torch.float16)
+    y1, s1, y2, s2 = torch_npu.npu_dynamic_mx_quant_with_dual_axis(x.to(device))
+    r1, q1 = _ref_mx(x, -1, 296, 0)
+    r2, q2 = _ref_mx(x, -2, 296, 0)
+    assert y1.shape == (64, 20) and torch.equal(y1.cpu(), r1) and torch.equal(s1.cpu(), q1)
+    assert torch.equal(y2.cpu(), r2) and torch.equal(s2.cpu(), q2)
+    g = _rand(40, seed=16, dtype=torch.float16, spread=False)
+    xn = _rand(6, 40, seed=17, dtype=torch.float16, spread=False)
+    y, s, _ = torch_npu.npu_rms_norm_dynamic_mx_quant(xn.to(device), g.to(device), dst_type=297)
+    xd = xn.double()
+    normed = (xd / torch.sqrt((xd * xd).mean(-1, keepdim=True) + 1e-6) * g.double()).to(torch.float16)
+    ry, rs = _ref_mx(normed, -1, 297, 0)
+    assert y.shape == (6, 20)
+    assert (s.cpu().int() - rs.int()).abs().max() <= 1
+    assert (y.cpu() == ry).float().mean() >= 0.95
+
+
+def test_float4_errors():
+    x = torch.randn(4, 63, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="divisible by 2"):
+        torch_npu.npu_dynamic_mx_quant(x)
+    with pytest.raises(RuntimeError, match="scale_alg only supports 0 for float4"):
+        torch_npu.npu_dynamic_mx_quant(x[:, :62], scale_alg=1)
+    with pytest.raises(RuntimeError, match="round_mode only supports"):
+        torch_npu.npu_dynamic_mx_quant(x[:, :62], round_mode="ceil")
+    with pytest.raises(NotImplementedError, match="scale_alg=2"):
+        torch_npu.npu_dynamic_mx_quant(x[:, :62], scale_alg=2)
+    with pytest.raises(NotImplementedError, match="dst_type_max"):
+        torch_npu.npu_dynamic_mx_quant(x[:, :62], dst_type_max=6.0)
+
+
+FP4_FAKE_CASES = [
+    (lambda f: torch.ops.npu.npu_dynamic_mx_quant(f(8, 130)), [((8, 65), torch.uint8), ((8, 3, 2), torch.uint8)]),
+    (lambda f: torch.ops.npu.npu_add_rms_norm_dynamic_mx_quant(f(3, 100), f(3, 100), f(100)),
+     [((3, 50), torch.uint8), ((3, 100), torch.float16), ((3, 2, 2), torch.uint8), ((0,), torch.float32)]),
+    (lambda f: torch.ops.npu.npu_dynamic_mx_quant_with_dual_axis(f(96, 64)),
+     [((96, 32), torch.uint8), ((96, 1, 2), torch.uint8), ((96, 32), torch.uint8), ((2, 64, 2), torch.uint8)]),
+]
+
+
+@pytest.mark.parametrize("call,expected", FP4_FAKE_CASES)
+def test_float4_fake_shapes(call, expected):
+    with FakeTensorMode():
+        got = call(lambda *shape: torch.empty(*shape, dtype=torch.float16))
     assert _sig(got) == expected

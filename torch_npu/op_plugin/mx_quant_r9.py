@@ -1,32 +1,40 @@
-"""Dynamic MX quantisation to float8 (OCP microscaling): npu_dynamic_mx_quant and
-npu_dynamic_mx_quant_with_dual_axis.
+"""Dynamic MX quantisation (OCP microscaling) to float8 and float4: npu_dynamic_mx_quant,
+npu_dynamic_mx_quant_with_dual_axis, npu_rms_norm_dynamic_mx_quant,
+npu_add_rms_norm_dynamic_mx_quant.
 
-Semantics from the CANN ops-nn docs (aclnnDynamicMxQuant, DynamicMxQuantWithDualAxis):
-the quantised axis is cut into blocks of ``block_size`` elements (a short last block is
-padded with zeros); each block gets one float8_e8m0 scale ``2 ** (b - 127)`` (``b`` the stored
-byte) and every element becomes ``cast(v * 2 ** (127 - b))``: round-half-to-even, saturated to
-the float8 range (e4m3fn +-448, e5m2 +-57344).
+Semantics from the CANN ops-nn docs (aclnnDynamicMxQuant, DynamicMxQuantWithDualAxis,
+aclnnRmsNormDynamicMxQuant) and op-plugin / ops-nn test goldens: the quantised axis is cut
+into blocks of ``block_size`` elements (a short last block is padded with zeros); each block
+gets one float8_e8m0 scale ``2 ** (b - 127)`` (``b`` the stored byte) and every element
+``v * 2 ** (127 - b)`` is rounded at its own exponent (never below the format's smallest) to
+the format's mantissa bits and clipped to the largest finite value (e4m3fn 448, e5m2 57344,
+e2m1 6, e1m2 1.75). float8 rounds half to even ('rint' only); float4 takes 'rint', 'floor'
+(toward -inf) or 'round' (half away from zero).
 
-* ``scale_alg=0`` (OCP): ``b = floor(log2(max|v|)) + 127 - emax`` with emax 8 (e4m3fn) / 15
-  (e5m2), clamped below at 0.
-* ``scale_alg=1`` (cuBLAS-style, "round the exponent up"): ``S = fp32(max|v| / Amax(dtype))``;
-  ``b`` = S's biased exponent, plus one when S is normal, ``b < 254`` and its mantissa is
-  non-zero, or when S is subnormal and its mantissa is above one half.
-* A block holding inf/NaN gets the e8m0 NaN byte 255 and +0 elements (op-plugin's golden:
-  the NPU casts NaN to +0). A block whose byte is 0 (scale 2**-127: all zeros, or an amax
-  below the e8m0 range) quantises to signed zeros, as the golden does.
+* ``scale_alg=0`` (OCP): ``b = floor(log2(max|v|)) + 127 - emax`` (emax 8 / 15 / 2 / 0),
+  clamped below at 0.
+* ``scale_alg=1`` (float8 only, "round the exponent up"): ``S = fp32(max(max|v|,
+  max_low_bound) / Amax(dtype))``; ``b`` = S's biased exponent, plus one when S is normal,
+  ``b < 254`` and its mantissa is non-zero, or when S is subnormal and its mantissa is above
+  one half.
+* A block holding inf/NaN gets the e8m0 NaN byte 255 and +0 elements (the golden: the NPU
+  casts NaN to +0). A block whose byte is 0 (all zeros, or an amax below the e8m0 range)
+  quantises to signed zeros, as the golden does.
 
-Scale layout (the docs' shape rule): blocks per axis are padded to an even count with byte 0
-and stored in pairs: block ``k`` of the axis at index ``k // 2`` of that axis and ``k % 2`` of
-a new trailing dim of size 2 (for a non-last axis this is the docs' "interleave every two
-rows"). Scales are returned as uint8, y as the torch float8 dtype.
+Layouts: y keeps x's shape in the torch float8 dtype; float4 codes (sign bit 3, then the
+magnitude's index among the format's 8 values) are packed two per uint8 along the last dim,
+even element in the low nibble (the golden's packing of torch_npu's uint8 y), so the last dim
+halves. Scales are uint8: blocks along the axis are padded to an even count with byte 0 and
+stored in pairs, block ``k`` at index ``k // 2`` of the axis and ``k % 2`` of a new trailing
+dim of size 2 (for a non-last axis, the docs' "interleave every two rows").
 
-Not emulated (NotImplementedError naming the argument): float4 destinations (the nibble
-order of two float4 values in a byte is not documented), hifloat8, ``dst_type_max`` other
-than 0.0 (documented only for float4 with ``scale_alg=2``), ``max_low_bound`` with
-``scale_alg=0`` (op-plugin's golden applies it to scale_alg 1 only: the scale is computed
-from ``max(amax, max_low_bound)``).
+Not emulated (NotImplementedError naming the argument): hifloat8 and other destinations,
+``scale_alg=2`` (float4 DynamicDtypeRange), ``dst_type_max`` other than 0.0 (only meaningful
+with scale_alg 2), ``max_low_bound`` with ``scale_alg=0`` (the golden applies it to scale_alg
+1 only).
 """
+from typing import NamedTuple, Optional
+
 import torch
 import torch.nn.functional as F
 
@@ -36,12 +44,30 @@ from torch_npu.utils import _custom_dtype
 
 __all__ = []
 
-# float8 destination -> (emax: exponent of the largest normal, largest finite value)
-_FP8 = {torch.float8_e4m3fn: (8, 448.0), torch.float8_e5m2: (15, 57344.0)}
-_FP8_BY_CODE = {23: torch.float8_e5m2, 24: torch.float8_e4m3fn,
-                _custom_dtype.CODES["float8_e5m2"]: torch.float8_e5m2,
-                _custom_dtype.CODES["float8_e4m3fn"]: torch.float8_e4m3fn}
-_FP4_CODES = (_custom_dtype.CODES["float4_e2m1fn_x2"], _custom_dtype.CODES["float4_e1m2fn_x2"])
+class MxFormat(NamedTuple):
+    """An MX element format: ``emax`` (exponent of its largest normal), its largest finite
+    value, mantissa bits, smallest private exponent, and the torch dtype of y (None for the
+    float4 formats, which are stored two per uint8)."""
+    name: str
+    emax: int
+    max: float
+    mbits: int
+    min_exp: int
+    dtype: Optional[torch.dtype]
+
+
+E4M3 = MxFormat("float8_e4m3fn", 8, 448.0, 3, -6, torch.float8_e4m3fn)
+E5M2 = MxFormat("float8_e5m2", 15, 57344.0, 2, -14, torch.float8_e5m2)
+E2M1 = MxFormat("float4_e2m1", 2, 6.0, 1, 0, None)
+E1M2 = MxFormat("float4_e1m2", 0, 1.75, 2, 0, None)
+# PyTorch ScalarType codes (an int schema slot receives torch dtypes as these) and torch_npu codes
+_FORMAT_BY_CODE = {23: E5M2, 24: E4M3, 45: E2M1, _custom_dtype.CODES["float8_e5m2"]: E5M2,
+                   _custom_dtype.CODES["float8_e4m3fn"]: E4M3, _custom_dtype.CODES["float4_e2m1fn_x2"]: E2M1,
+                   _custom_dtype.CODES["float4_e1m2fn_x2"]: E1M2}
+_FORMAT_BY_DTYPE = {torch.float8_e5m2: E5M2, torch.float8_e4m3fn: E4M3, torch.float4_e2m1fn_x2: E2M1}
+# float4 magnitudes in code order: the 3-bit magnitude code of a value is its index here
+_FP4_MAGNITUDES = {"float4_e2m1": (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0),
+                   "float4_e1m2": (0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75)}
 _X_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _E8M0_NAN = 255
 
@@ -50,49 +76,47 @@ def _unsupported(op, what):
     raise NotImplementedError("%s: %s is not supported by the CPU-emulated NPU" % (op, what))
 
 
-def fp8_destination(op, argname, value):
-    """The torch float8 dtype a ``dst_type`` argument names; float4/hifloat8 raise NotImplementedError."""
+def mx_destination(op, argname, value):
+    """The MxFormat a ``dst_type`` argument names (float8_e5m2/e4m3fn, float4_e2m1/e1m2)."""
     if isinstance(value, torch.dtype):
-        if value in _FP8:
-            return value
-        if value == torch.float4_e2m1fn_x2:
-            _unsupported(op, "%s=%s (the float4 nibble order is not documented)" % (argname, value))
+        fmt = _FORMAT_BY_DTYPE.get(value)
     else:
-        code = int(value)
-        if code in _FP8_BY_CODE:
-            return _FP8_BY_CODE[code]
-        if code in _FP4_CODES:
-            _unsupported(op, "%s=%s (the float4 nibble order is not documented)"
-                         % (argname, _custom_dtype.code_name(code)))
-    _unsupported(op, "%s=%r (float8_e5m2 / float8_e4m3fn only)" % (argname, value))
+        fmt = _FORMAT_BY_CODE.get(int(value))
+    if fmt is None:
+        _unsupported(op, "%s=%r (float8_e5m2, float8_e4m3fn, float4_e2m1fn_x2, float4_e1m2fn_x2 only)"
+                     % (argname, value))
+    return fmt
 
 
-def check_mx_args(op, round_mode, scale_alg, dst_type_max):
-    """Validate the arguments shared by the float8 MX quantisers."""
+def check_mx_args(op, fmt, round_mode, scale_alg, dst_type_max):
+    """Validate the arguments shared by the MX quantisers (the aclnn docs' rules); returns scale_alg."""
     scale_alg = 0 if scale_alg is None else int(scale_alg)
-    check(round_mode == "rint", op, "round_mode only supports 'rint' for float8 dst_type, got %r" % (round_mode,))
-    if scale_alg == 2:
-        _unsupported(op, "scale_alg=2 (float4_e2m1 only)")
-    check(scale_alg in (0, 1), op, "scale_alg only supports 0 and 1 for float8 dst_type, got %d" % scale_alg)
+    if fmt.dtype is not None:
+        check(round_mode == "rint", op, "round_mode only supports 'rint' for float8 dst_type, got %r" % (round_mode,))
+        check(scale_alg in (0, 1), op, "scale_alg only supports 0 and 1 for float8 dst_type, got %d" % scale_alg)
+    else:
+        check(round_mode in ("rint", "floor", "round"), op,
+              "round_mode only supports 'rint', 'floor' and 'round' for float4 dst_type, got %r" % (round_mode,))
+        if scale_alg == 2:
+            _unsupported(op, "scale_alg=2 (the DynamicDtypeRange scale of float4)")
+        check(scale_alg == 0, op, "scale_alg only supports 0 for float4 dst_type, got %d" % scale_alg)
     if dst_type_max not in (None, 0.0):
         _unsupported(op, "dst_type_max=%r (documented only for float4 with scale_alg=2)" % (dst_type_max,))
     return scale_alg
 
 
-def _scale_bytes(amax, dst, scale_alg, max_low_bound=0.0):
+def _scale_bytes(amax, fmt, scale_alg, max_low_bound=0.0):
     """(e8m0 byte as int32, float32 reciprocal factor, finite mask) per block from the block's
     max|v| (float32). ``max_low_bound`` (scale_alg 1) raises the amax the scale is computed
     from, never the zero test (op-plugin's golden)."""
-    emax, dtype_max = _FP8[dst]
     finite = torch.isfinite(amax)
     safe = torch.where(finite, amax, torch.zeros_like(amax))
     if scale_alg == 0:
         # biased float32 exponent = floor(log2(amax)) + 127 for a normal amax, 0 for zero/subnormal
         biased = (safe.view(torch.int32) >> 23) & 0xFF
-        byte = (biased - emax).clamp(min=0)
-        live = byte > 0
+        byte = (biased - fmt.emax).clamp(min=0)
     else:
-        s = safe.clamp(min=max_low_bound) / dtype_max   # float32 division, as documented
+        s = safe.clamp(min=max_low_bound) / fmt.max     # float32 division, as documented
         bits = s.view(torch.int32)
         e = (bits >> 23) & 0xFF
         m = bits & 0x7FFFFF
@@ -106,8 +130,37 @@ def _scale_bytes(amax, dst, scale_alg, max_low_bound=0.0):
     return byte, recip, finite
 
 
-def mx_quantize(x, axis, dst, scale_alg, block=32, max_low_bound=0.0):
-    """MX-quantise ``x`` along ``axis``: ``(y in dst, scale bytes uint8 in the paired layout)``."""
+def _round(q, round_mode):
+    if round_mode == "rint":
+        return torch.round(q)                            # half to even
+    if round_mode == "floor":
+        return torch.floor(q)
+    return torch.sign(q) * torch.floor(q.abs() + 0.5)    # 'round': half away from zero
+
+
+def _fp4_codes(r, fmt, round_mode):
+    """4-bit codes (sign << 3 | magnitude code) of float32 values already divided by the scale:
+    rounded at the value's own exponent (at least ``min_exp``) to ``mbits`` mantissa bits, then
+    clipped to the largest finite value (op-plugin's golden)."""
+    a = r.abs()
+    p = (((a.view(torch.int32) >> 23) & 0xFF) - 127).clamp(min=fmt.min_exp).to(torch.float32)
+    step = torch.exp2(p - fmt.mbits)
+    v = (_round(r / step, round_mode) * step).clamp(-fmt.max, fmt.max)
+    table = torch.tensor(_FP4_MAGNITUDES[fmt.name][1:], dtype=torch.float32, device=r.device)
+    magnitude = (v.abs().unsqueeze(-1) >= table).sum(-1)
+    return (torch.signbit(v).to(torch.int64) * 8 + magnitude).to(torch.uint8)
+
+
+def pack_fp4(codes):
+    """Two float4 codes per byte along the last dim: even element in the low nibble, odd in the
+    high nibble (op-plugin's golden for the uint8 y of torch_npu)."""
+    pairs = codes.reshape(*codes.shape[:-1], codes.shape[-1] // 2, 2)
+    return pairs[..., 0] | (pairs[..., 1] << 4)
+
+
+def mx_quantize(x, axis, fmt, scale_alg, block=32, max_low_bound=0.0, round_mode="rint"):
+    """MX-quantise ``x`` along ``axis``: ``(y, scale bytes uint8 in the paired layout)``; y in
+    fmt.dtype, or packed float4 codes in uint8 (last dim halved)."""
     axis = axis % x.dim()
     moved = x.movedim(axis, -1).float()
     n = moved.shape[-1]
@@ -115,14 +168,21 @@ def mx_quantize(x, axis, dst, scale_alg, block=32, max_low_bound=0.0):
     pairs = (blocks + 1) // 2
     padded = F.pad(moved, (0, blocks * block - n)).reshape(*moved.shape[:-1], blocks, block)
     amax = padded.abs().amax(-1)
-    byte, recip, finite = _scale_bytes(amax, dst, scale_alg, max_low_bound)
-    _, dtype_max = _FP8[dst]
+    byte, recip, finite = _scale_bytes(amax, fmt, scale_alg, max_low_bound)
     scaled = torch.where(finite.unsqueeze(-1), padded * recip.unsqueeze(-1), torch.zeros_like(padded))
     scaled = scaled.reshape(*moved.shape[:-1], blocks * block)[..., :n]
-    y = scaled.clamp(-dtype_max, dtype_max).to(dst).movedim(-1, axis)
+    if fmt.dtype is not None:
+        y = scaled.clamp(-fmt.max, fmt.max).to(fmt.dtype).movedim(-1, axis)
+    else:
+        y = pack_fp4(_fp4_codes(scaled, fmt, round_mode).movedim(-1, axis))
     byte = F.pad(byte, (0, 2 * pairs - blocks)).to(torch.uint8)
     scale = byte.reshape(*moved.shape[:-1], pairs, 2).movedim(-2, axis)
     return y.contiguous(), scale.contiguous()
+
+
+def check_fp4_last_dim(op, fmt, x):
+    check(fmt.dtype is not None or x.shape[-1] % 2 == 0, op,
+          "the last dim of x (%d) must be divisible by 2 for a float4 dst_type" % x.shape[-1])
 
 
 def check_x(op, x, lo, hi):
@@ -141,12 +201,13 @@ def npu_dynamic_mx_quant(input, *, axis=-1, round_mode="rint", dst_type=296, blo
     check(block_size % 32 == 0 and 0 < block_size <= 1024, op,
           "Parameter block_size must be divisible by 32 and no greater than 1024, greater than 0")
     check(input.dtype != torch.float32 or block_size == 32, op, "float32 x only supports block_size=32")
-    dst = fp8_destination(op, "dst_type", dst_type)
-    alg = check_mx_args(op, round_mode, scale_alg, dst_type_max)
+    fmt = mx_destination(op, "dst_type", dst_type)
+    check_fp4_last_dim(op, fmt, input)
+    alg = check_mx_args(op, fmt, round_mode, scale_alg, dst_type_max)
     low = 0.0 if max_low_bound is None else float(max_low_bound)
     if low != 0.0 and alg != 1:
         _unsupported(op, "max_low_bound=%r with scale_alg=%d (documented for scale_alg=1 only)" % (low, alg))
-    return mx_quantize(input, axis, dst, alg, block_size, max_low_bound=low)
+    return mx_quantize(input, axis, fmt, alg, block_size, max_low_bound=low, round_mode=round_mode)
 
 
 @impl("npu_dynamic_mx_quant_with_dual_axis")
@@ -156,10 +217,11 @@ def npu_dynamic_mx_quant_with_dual_axis(input, *, round_mode="rint", dst_type=29
     check(input.dtype in (torch.float16, torch.bfloat16), op,
           "x dtype must be float16 or bfloat16, got %s" % input.dtype)
     check(2 <= input.dim() <= 8, op, "x must be at least 2-D, got %d-D" % input.dim())
-    dst = fp8_destination(op, "dst_type", dst_type)
-    alg = check_mx_args(op, round_mode, scale_alg, dst_type_max)
-    y1, s1 = mx_quantize(input, -1, dst, alg)
-    y2, s2 = mx_quantize(input, -2, dst, alg)
+    fmt = mx_destination(op, "dst_type", dst_type)
+    check_fp4_last_dim(op, fmt, input)
+    alg = check_mx_args(op, fmt, round_mode, scale_alg, dst_type_max)
+    y1, s1 = mx_quantize(input, -1, fmt, alg, round_mode=round_mode)
+    y2, s2 = mx_quantize(input, -2, fmt, alg, round_mode=round_mode)
     return y1, s1, y2, s2
 
 
@@ -186,13 +248,15 @@ def _check_norm_args(op, x, gamma, beta):
 
 
 def _rms_norm_mx(op, xf, out_dtype, gamma, beta, epsilon, scale_alg, round_mode, dst_type, want_rstd):
-    dst = fp8_destination(op, "dst_type", dst_type)
-    alg = check_mx_args(op, round_mode, scale_alg, 0.0)
+    fmt = mx_destination(op, "dst_type", dst_type)
+    check(fmt.dtype is not None or xf.shape[-1] % 2 == 0, op,
+          "the last dim of x (%d) must be divisible by 2 for a float4 dst_type" % xf.shape[-1])
+    alg = check_mx_args(op, fmt, round_mode, scale_alg, 0.0)
     rstd = torch.rsqrt((xf * xf).mean(-1, keepdim=True) + epsilon)
     normed = xf * rstd * gamma.float()
     if beta is not None:
         normed = normed + beta.float()
-    y, mxscale = mx_quantize(normed.to(out_dtype), -1, dst, alg)
+    y, mxscale = mx_quantize(normed.to(out_dtype), -1, fmt, alg, round_mode=round_mode)
     rstd_out = rstd if want_rstd else xf.new_empty([0])
     return y, mxscale, rstd_out
 
