@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import torch_npu  # noqa: F401  (registers torch.ops.npu)
@@ -545,3 +546,85 @@ def test_fake_tensor_shapes_grouped_and_backward_quant():
         dq, dg = torch.ops.npu._npu_rms_norm_backward_quant(torch.empty(3, 8), torch.empty(3, 8), torch.empty(3, 1),
                                                             torch.empty(8, dtype=torch.float16), torch.empty(1))
         assert (tuple(dq.shape), dq.dtype, tuple(dg.shape), dg.dtype) == ((3, 8), torch.int8, (8,), torch.float32)
+
+
+# ------------------------------------------------------------------ npu_swiglu_group_quant_backward
+
+
+def _swiglu_group_backward_ref(grad_y, x, weight, y_origin, rows_kept, clamp):
+    """The op-plugin golden, float64 loops per element."""
+    rows, two_h = x.reshape(-1, x.shape[-1]).shape
+    h = two_h // 2
+    gy = grad_y.double().reshape(rows, h).tolist()
+    xs = x.double().reshape(rows, two_h).tolist()
+    w = None if weight is None else weight.double().reshape(-1).tolist()
+    yo = None if y_origin is None else y_origin.double().reshape(rows, h).tolist()
+    gx = torch.zeros(rows, two_h, dtype=torch.float64)
+    gw = torch.zeros(rows, dtype=torch.float64)
+    for r in range(min(rows, rows_kept)):
+        if w is not None:
+            gw[r] = sum(gy[r][j] * yo[r][j] for j in range(h))
+        for j in range(h):
+            g = gy[r][j] * (w[r] if w is not None else 1.0)
+            a0, b0 = xs[r][j], xs[r][h + j]
+            a, b = (min(a0, clamp), min(max(b0, -clamp), clamp)) if clamp else (a0, b0)
+            sig = 1.0 / (1.0 + math.exp(-a))
+            ga = g * b * sig * (1 + a * (1 - sig))
+            gb = g * a * sig
+            if clamp:
+                ga = ga if a0 < clamp else 0.0
+                gb = gb if -clamp < b0 < clamp else 0.0
+            gx[r, j], gx[r, h + j] = ga, gb
+    return gx.reshape(x.shape), gw
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("clamp", [0.0, 1.5])
+def test_swiglu_group_quant_backward(device, dtype, clamp):
+    torch.manual_seed(8)
+    x = (torch.randn(6, 16) * 2).to(dtype)
+    grad_y = torch.randn(6, 8)
+    weight = torch.randn(6, 1)
+    y_origin = torch.randn(6, 8)
+    gx, gw = torch.ops.npu.npu_swiglu_group_quant_backward(grad_y.to(device), x.to(device), weight=weight.to(device),
+                                                          y_origin=y_origin.to(device), clamp_limit=clamp)
+    ref_gx, ref_gw = _swiglu_group_backward_ref(grad_y, x, weight, y_origin, 6, clamp)
+    assert gx.dtype == dtype and gx.shape == x.shape and gw.shape == (6, 1) and gw.dtype == torch.float32
+    tol = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}[dtype]
+    torch.testing.assert_close(gx.cpu().double(), ref_gx, rtol=tol, atol=tol)
+    torch.testing.assert_close(gw.cpu().double().reshape(-1), ref_gw, rtol=1e-5, atol=1e-5)
+    # group_index (count): rows past sum(group_index) = 4 get zero gradients; no weight: empty grad_weight
+    gx, gw = torch.ops.npu.npu_swiglu_group_quant_backward(grad_y.to(device), x.to(device),
+                                                          group_index=torch.tensor([1, 3]).to(device),
+                                                          clamp_limit=clamp)
+    ref_gx, _ = _swiglu_group_backward_ref(grad_y, x, None, None, 4, clamp)
+    torch.testing.assert_close(gx.cpu().double(), ref_gx, rtol=tol, atol=tol)
+    assert gw.shape == (0,) and gw.dtype == torch.float32
+
+
+def test_swiglu_group_quant_backward_is_the_swiglu_gradient():
+    """Without clamping, grad_x is autograd's gradient of weight * silu(A) * B (float64)."""
+    torch.manual_seed(9)
+    x = torch.randn(5, 12, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(5, 1, dtype=torch.float64)
+    grad_y = torch.randn(5, 6, dtype=torch.float64)
+    a, b = x.chunk(2, dim=-1)
+    (weight * F.silu(a) * b).backward(grad_y)
+    gx, _ = torch.ops.npu.npu_swiglu_group_quant_backward(grad_y.float(), x.detach().float(), weight=weight.float(),
+                                                         y_origin=torch.zeros(5, 6))
+    torch.testing.assert_close(gx.double(), x.grad, rtol=1e-5, atol=1e-5)
+
+
+def test_swiglu_group_quant_backward_errors_and_fake():
+    op = torch.ops.npu.npu_swiglu_group_quant_backward
+    with pytest.raises(RuntimeError, match="even"):
+        op(torch.randn(2, 3), torch.randn(2, 7))
+    with pytest.raises(RuntimeError, match="y_origin is required"):
+        op(torch.randn(2, 4), torch.randn(2, 8), weight=torch.ones(2))
+    with pytest.raises(RuntimeError, match="grad_y must have"):
+        op(torch.randn(2, 3), torch.randn(2, 8))
+    with FakeTensorMode():
+        gx, gw = op(torch.empty(6, 16, dtype=torch.float16), torch.empty(6, 32, dtype=torch.float16),
+                    weight=torch.empty(6), y_origin=torch.empty(6, 16))
+        assert (tuple(gx.shape), gx.dtype, tuple(gw.shape), gw.dtype) == ((6, 32), torch.float16, (6,), torch.float32)

@@ -209,15 +209,6 @@ def npu_swiglu_group_quant_meta(x, *, weight=None, group_index=None, scale=None,
     return _new(x, half, torch.uint8), y_scale, y_origin
 
 
-@meta("npu_swiglu_group_quant_backward")
-def npu_swiglu_group_quant_backward_meta(grad_y, x, *, weight=None, y_origin=None, group_index=None, clamp_limit=0.0):
-    """``(grad_x, grad_weight)``: grad_x like x; grad_weight like weight, or float32 [0]."""
-    op = "npu_swiglu_group_quant_backward"
-    _fail(x.shape[-1] % 2 == 0, op, "x last dim size should be even")
-    grad_w = _new(weight, weight.shape, weight.dtype) if weight is not None else _new(x, [0], torch.float32)
-    return _new(x, x.shape, x.dtype), grad_w
-
-
 @meta("npu_swiglu_mx_quant")
 def npu_swiglu_mx_quant_meta(x, *, group_index=None, activate_dim=-1, activate_left=False, swiglu_mode=0,
                              clamp_limit=7.0, glu_alpha=1.702, glu_bias=1.0, group_mode=0, axis=-1, dst_type=296,

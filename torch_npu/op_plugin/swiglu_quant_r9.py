@@ -14,6 +14,11 @@ the prose docs leave open (see docs/ops-swiglu-quant-r9.md):
   ``s = swish(second half) * first half`` (``activate_left=False``; the halves swap when True),
   ``s *= quant_scale``, per row ``scale = max|s| / 127`` and ``y = round(s * 127 / max|s|)``
   saturated to int8 (here the returned scale is the dequantisation factor).
+* npu_swiglu_group_quant_backward (op-plugin golden ``test_npu_swiglu_group_quant_backward.py``):
+  the gradient of ``y = weight * swish(A) * B`` (A, B the halves of x; when ``clamp_limit != 0``
+  A is clamped to ``<= clamp_limit`` and B to ``[-clamp_limit, clamp_limit]``, and the gradient
+  is 0 where the input lay outside the strict open limits); ``grad_weight = sum(grad_y *
+  y_origin)`` per row; rows at or past ``sum(group_index)`` get zero gradients.
 * npu_dequant_bias: ``y = (x + bias) * weight_scale * activation_scale`` for an int32 bias
   (integer add first), ``y = x * weight_scale * activation_scale + bias`` for a float bias;
   float32 arithmetic, one round-to-nearest-even cast to the output dtype.
@@ -21,7 +26,8 @@ the prose docs leave open (see docs/ops-swiglu-quant-r9.md):
 ``round`` is half-to-even (torch.round), float32 arithmetic. A row whose max is 0 quantises to
 zeros. Modes whose results are not established raise NotImplementedError naming the argument.
 All kernels are CompositeImplicitAutograd compositions of ATen ops (no host reads): CPU, npu,
-Meta/FakeTensor alike. None of these ops has a backward (inference ops).
+Meta/FakeTensor alike. None of these ops has a backward of its own (inference ops, or a
+backward op itself).
 """
 import torch
 import torch.nn.functional as F
@@ -165,6 +171,56 @@ def npu_dequant_swiglu_quant(x, *, weight_scale=None, activation_scale=None, bia
     y = _to_int8(torch.where(peak > 0, s * (_INT8_MAX / peak), torch.zeros_like(s)))
     lead = list(x.shape[:-1])
     return y.reshape(lead + [h]), (peak / _INT8_MAX).reshape(lead)
+
+
+# ------------------------------------------------------------------ npu_swiglu_group_quant_backward
+
+
+@impl("npu_swiglu_group_quant_backward")
+def npu_swiglu_group_quant_backward(grad_y, x, *, weight=None, y_origin=None, group_index=None, clamp_limit=0.0):
+    """``(grad_x like x, grad_weight like weight or float32 [0])``. See the module doc."""
+    op = "npu_swiglu_group_quant_backward"
+    check(x.shape[-1] % 2 == 0, op, "x last dim size should be even")
+    check(x.dtype in _FLOATS and grad_y.dtype in _FLOATS, op,
+          "x and grad_y must be float16, bfloat16 or float32, got %s and %s" % (x.dtype, grad_y.dtype))
+    h = x.shape[-1] // 2
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    check(grad_y.numel() == rows * h and grad_y.shape[-1] == h, op,
+          "grad_y must have x's shape with the last dim halved, got %s" % (tuple(grad_y.shape),))
+    g = grad_y.float().reshape(rows, h)
+    xf = x.float().reshape(rows, 2 * h)
+    keep = None
+    if group_index is not None:
+        check(group_index.dim() == 1, op, "group_index must be 1-D, got %d-D" % group_index.dim())
+        # the kernel covers the first sum(group_index) rows only
+        keep = (torch.arange(rows, device=x.device) < group_index.sum()).unsqueeze(1)
+    grad_weight = x.new_empty((0,), dtype=torch.float32)
+    if weight is not None:
+        check(y_origin is not None, op, "y_origin is required when weight is given")
+        check(weight.numel() == rows, op, "weight must hold one value per row (%d), got %s"
+              % (rows, tuple(weight.shape)))
+        check(y_origin.numel() == rows * h, op, "y_origin must have grad_y's shape, got %s" % (tuple(y_origin.shape),))
+        gw = (g * y_origin.float().reshape(rows, h)).sum(dim=1, keepdim=True)
+        if keep is not None:
+            gw = torch.where(keep, gw, torch.zeros_like(gw))
+        grad_weight = gw.reshape(weight.shape).to(weight.dtype)
+        g = g * weight.float().reshape(rows, 1)
+    a, b = xf[:, :h], xf[:, h:]
+    if clamp_limit != 0:
+        a_in = a < clamp_limit
+        b_in = (b > -clamp_limit) & (b < clamp_limit)
+        a = a.clamp(max=clamp_limit)
+        b = b.clamp(-clamp_limit, clamp_limit)
+    sig = torch.sigmoid(a)
+    grad_a = g * b * (sig * (1 + a * (1 - sig)))
+    grad_b = g * (a * sig)
+    if clamp_limit != 0:
+        grad_a = torch.where(a_in, grad_a, torch.zeros_like(grad_a))
+        grad_b = torch.where(b_in, grad_b, torch.zeros_like(grad_b))
+    grad_x = torch.cat([grad_a, grad_b], dim=1)
+    if keep is not None:
+        grad_x = torch.where(keep, grad_x, torch.zeros_like(grad_x))
+    return grad_x.reshape(x.shape).to(x.dtype), grad_weight
 
 
 # ------------------------------------------------------------------ npu_dequant_bias
