@@ -466,3 +466,56 @@ def test_float4_fake_shapes(call, expected):
     with FakeTensorMode():
         got = call(lambda *shape: torch.empty(*shape, dtype=torch.float16))
     assert _sig(got) == expected
+
+
+# ------------------------------------------------------------------ npu_grouped_dynamic_mx_quant
+
+
+def _ref_grouped(x, ends, dst, scale_alg):
+    """op-plugin golden, written out: per group of rows, MX along the rows per column; group g's
+    scale rows start at (end[g-1] // 64 + g) * 2, odd counts padded with byte 0, then byte 127
+    up to the next group's start; rows paired into the trailing dim."""
+    m, n = x.shape
+    g_count = len(ends)
+    y = torch.zeros(m, n, dtype=torch.float64)
+    rows = [[127] * n for _ in range((m // 64 + g_count) * 2)]
+    prev = 0
+    for g, end in enumerate(ends):
+        first = (prev // 64 + g) * 2
+        for col in range(n):
+            vals = x[prev:end, col].double().tolist()
+            out, scales = _ref_mx_1d(vals, dst, scale_alg) if vals else ([], [])
+            y[prev:end, col] = torch.tensor(out, dtype=torch.float64)
+            for k, b in enumerate(scales):
+                rows[first + k][col] = b
+        prev = end
+    s = torch.tensor(rows, dtype=torch.uint8).reshape(-1, 2, n).transpose(1, 2)
+    return y.to(dst).view(torch.uint8), s
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dst,scale_alg", [(torch.float8_e5m2, 0), (torch.float8_e4m3fn, 1)])
+@pytest.mark.parametrize("ends", [[10, 10, 80, 150], [64, 128, 150]])
+def test_grouped_dynamic_mx_quant(device, dst, scale_alg, ends):
+    x = _rand(150, 6, seed=18, dtype=torch.bfloat16)
+    gi = torch.tensor(ends, dtype=torch.int64)
+    y, s = torch_npu.npu_grouped_dynamic_mx_quant(x.to(device), gi.to(device), dst_type=dst, scale_alg=scale_alg)
+    ry, rs = _ref_grouped(x, ends, dst, scale_alg)
+    assert s.shape == (150 // 64 + len(ends), 6, 2) and y.dtype == dst
+    assert torch.equal(s.cpu(), rs)
+    assert torch.equal(_bits(y), ry)
+
+
+def test_grouped_dynamic_mx_quant_errors_and_fake():
+    x = torch.randn(64, 8, dtype=torch.float16)
+    gi = torch.tensor([64], dtype=torch.int32)
+    with pytest.raises(RuntimeError, match="blocksize only supports 32"):
+        torch_npu.npu_grouped_dynamic_mx_quant(x, gi, blocksize=64)
+    with pytest.raises(RuntimeError, match="must be 2-dimensional"):
+        torch_npu.npu_grouped_dynamic_mx_quant(x[0], gi)
+    with pytest.raises(RuntimeError, match="dst_type only supports"):
+        torch_npu.npu_grouped_dynamic_mx_quant(x, gi, dst_type=296)
+    with FakeTensorMode():
+        got = torch.ops.npu.npu_grouped_dynamic_mx_quant(torch.empty(256, 40, dtype=torch.float16),
+                                                         torch.empty(3, dtype=torch.int32))
+    assert _sig(got) == [((256, 40), torch.float8_e5m2), ((7, 40, 2), torch.uint8)]

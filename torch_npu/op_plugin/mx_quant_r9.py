@@ -284,3 +284,57 @@ def npu_add_rms_norm_dynamic_mx_quant(x1, x2, gamma, *, beta=None, epsilon=1e-06
     y, mxscale, rstd = _rms_norm_mx(op, xf, x1.dtype, gamma, beta, epsilon, scale_alg, round_mode, dst_type,
                                     x1.requires_grad and x2.requires_grad)
     return y, xf.to(x1.dtype), mxscale, rstd
+
+
+# ------------------------------------------------------------------ grouped MX quantisation (rows)
+#
+# op-plugin's grouped_dynamic_mx_quant golden: x [M, N] is split along rows by group_index
+# (cumulative group ends, the last equal to M); each group is padded to a multiple of 32 rows
+# and MX-quantised along the rows in blocks of 32 (one scale per block and column). The scales
+# of group g start at block row (end[g-1] // 64 + g) * 2 (end[-1] = 0); after a group's blocks
+# comes one byte-0 row when their count is odd, then byte-127 (scale 1) rows up to the next
+# group's start. The M // 64 + G block-row pairs are stored as [M // 64 + G, N, 2].
+
+
+@impl("npu_grouped_dynamic_mx_quant")
+def npu_grouped_dynamic_mx_quant(x, group_index, *, round_mode="rint", dst_type=23, blocksize=32, scale_alg=0,
+                                 dst_type_max=0.0):
+    """``(y, mxscale)``: MX quantisation of x [M, N] along the rows, per group of rows."""
+    op = "npu_grouped_dynamic_mx_quant"
+    check(x.dim() == 2, op, "Input x must be 2-dimensional, got dimNum %d" % x.dim())
+    check(group_index.dim() == 1, op, "Input group_index must be 1-dimensional, got dimNum %d" % group_index.dim())
+    check(x.dtype in (torch.float16, torch.bfloat16), op, "x dtype must be float16 or bfloat16, got %s" % x.dtype)
+    check(group_index.dtype in (torch.int32, torch.int64), op,
+          "group_index dtype must be int32 or int64, got %s" % group_index.dtype)
+    check(blocksize == 32, op, "Parameter blocksize only supports 32, got %d" % blocksize)
+    fmt = mx_destination(op, "dst_type", dst_type)
+    check(fmt.dtype is not None, op,
+          "Parameter dst_type only supports torch.float8_e5m2(23), torch.float8_e4m3fn(24), got %r" % (dst_type,))
+    alg = check_mx_args(op, fmt, round_mode, scale_alg, dst_type_max)
+    m, n = x.shape
+    groups = group_index.shape[0]
+    pair_rows = m // 64 + groups
+    ends = group_index.to(torch.int64)
+    starts = torch.cat([ends.new_zeros(1), ends[:-1]])
+    first_block = (starts // 64 + torch.arange(groups, device=x.device)) * 2     # block row of each group's start
+    rows = torch.arange(m, device=x.device)
+    gid = torch.searchsorted(ends, rows, right=True).clamp(max=groups - 1)
+    block_row = first_block[gid] + (rows - starts[gid]) // 32                      # [M]
+    xf = x.float()
+    finite = torch.isfinite(xf)
+    total = pair_rows * 2
+    index = block_row.unsqueeze(1).expand(m, n)
+    amax = xf.new_zeros(total, n).scatter_reduce(0, index, torch.where(finite, xf.abs(), torch.zeros_like(xf)),
+                                                 "amax", include_self=True)
+    bad = xf.new_zeros(total, n).scatter_add(0, index, (~finite).float()) > 0
+    used = xf.new_zeros(total).scatter_add(0, block_row, torch.ones_like(xf[:, 0])) > 0
+    byte, recip, ok = _scale_bytes(torch.where(bad, torch.full_like(amax, float("inf")), amax), fmt, alg)
+    # rows no block lands in: the even-count pad after a group's last block (byte 0), else 127
+    lane = torch.arange(total, device=x.device)
+    pad_row = (lane % 2 == 1) & ~used & torch.cat([used.new_zeros(1), used[:-1]])
+    filler = torch.where(pad_row, torch.zeros_like(byte[:, 0]), torch.full_like(byte[:, 0], 127))
+    byte = torch.where(used.unsqueeze(1), byte, filler.unsqueeze(1))
+    scaled = torch.where(ok[block_row], xf * recip[block_row], torch.zeros_like(xf))
+    y = scaled.clamp(-fmt.max, fmt.max).to(fmt.dtype)
+    mxscale = byte.to(torch.uint8).reshape(pair_rows, 2, n).transpose(1, 2)
+    return y, mxscale.contiguous()

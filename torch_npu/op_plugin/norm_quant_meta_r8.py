@@ -129,22 +129,6 @@ def npu_dynamic_dual_level_mx_quant_meta(input, *, smooth_scale=None, round_mode
             _new(input, _mx_scale_shape(input.shape, input.dim() - 1), torch.uint8))
 
 
-@meta("npu_grouped_dynamic_mx_quant")
-def npu_grouped_dynamic_mx_quant_meta(x, group_index, *, round_mode="rint", dst_type=23, blocksize=32, scale_alg=0,
-                                      dst_type_max=0.0):
-    """``(y, mxscale)``: y has x's shape in float8 (``dst_type`` e5m2 or e4m3fn); mxscale is
-    ``[M // 64 + G, N, 2]`` uint8 for x ``[M, N]`` and G groups."""
-    op = "npu_grouped_dynamic_mx_quant"
-    _fail(x.dim() == 2, op, "Input x must be 2-dimensional, got dimNum %d" % x.dim())
-    _fail(group_index.dim() == 1, op, "Input group_index must be 1-dimensional, got dimNum %d" % group_index.dim())
-    _fail(blocksize == 32, op, "Parameter blocksize only supports 32, got %d" % blocksize)
-    dt, per = _storage(op, "dst_type", dst_type)
-    _fail(dt in (torch.float8_e5m2, torch.float8_e4m3fn) and per == 1, op,
-          "Parameter dst_type only supports torch.float8_e5m2(23), torch.float8_e4m3fn(24), got %r" % (dst_type,))
-    scale = [x.shape[0] // 2 // blocksize + group_index.shape[0], x.shape[-1], 2]
-    return _new(x, x.shape, dt), _new(x, scale, torch.uint8)
-
-
 @meta("npu_grouped_dynamic_block_quant")
 def npu_grouped_dynamic_block_quant_meta(x, group_list, *, min_scale=0.0, round_mode="rint", dst_type=291,
                                          row_block_size=1, col_block_size=128, group_list_type=0, dst_type_max=0.0):
