@@ -519,3 +519,60 @@ def test_grouped_dynamic_mx_quant_errors_and_fake():
         got = torch.ops.npu.npu_grouped_dynamic_mx_quant(torch.empty(256, 40, dtype=torch.float16),
                                                          torch.empty(3, dtype=torch.int32))
     assert _sig(got) == [((256, 40), torch.float8_e5m2), ((7, 40, 2), torch.uint8)]
+
+
+# ------------------------------------------------------------------ npu_dynamic_block_mx_quant
+
+
+def _ref_block_mx(x, dst, mode="rint"):
+    """One scale per 32 x 32 block of the last two dims (aclnnDynamicBlockMxQuant), broadcast
+    to scale1 [.., M, pairs(N), 2] and scale2 [.., pairs(M), N, 2]."""
+    x3 = x.double().reshape(-1, *x.shape[-2:])
+    m, n = x.shape[-2:]
+    mb, nb = -(-m // 32), -(-n // 32)
+    y = torch.zeros_like(x3)
+    blk = torch.zeros(x3.shape[0], mb + mb % 2, nb + nb % 2, dtype=torch.int64)
+    for b in range(x3.shape[0]):
+        for i in range(mb):
+            for j in range(nb):
+                tile = x3[b, i * 32:(i + 1) * 32, j * 32:(j + 1) * 32]
+                vals = tile.flatten().tolist()
+                out, scales = _ref_mx_1d(vals, dst, 0, block=len(vals), mode=mode)
+                y[b, i * 32:(i + 1) * 32, j * 32:(j + 1) * 32] = torch.tensor(out).reshape(tile.shape)
+                blk[b, i, j] = scales[0]
+    s1 = blk[:, :mb].repeat_interleave(32, 1)[:, :m].reshape(-1, m, blk.shape[2] // 2, 2)
+    s2 = blk[:, :, :nb].repeat_interleave(32, 2)[:, :, :n].reshape(-1, blk.shape[1] // 2, 2, n).transpose(-1, -2)
+    lead = x.shape[:-2]
+    y = y.reshape(x.shape)
+    if dst in FP4:
+        yb = torch.tensor(_fp4_pack_ref(y.reshape(-1, n).tolist(), dst), dtype=torch.uint8).reshape(*lead, m, n // 2)
+    else:
+        yb = y.to(dst).view(torch.uint8)
+    return yb, s1.reshape(*lead, *s1.shape[1:]).to(torch.uint8), s2.reshape(*lead, *s2.shape[1:]).to(torch.uint8)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape,dst", [((70, 40), torch.float8_e4m3fn), ((2, 33, 96), torch.float8_e5m2),
+                                       ((40, 66), 296), ((2, 64, 40), 297)])
+def test_dynamic_block_mx_quant(device, shape, dst):
+    x = _rand(*shape, seed=19, dtype=torch.bfloat16)
+    y, s1, s2 = torch_npu.npu_dynamic_block_mx_quant(x.to(device), dst_type=dst)
+    ry, r1, r2 = _ref_block_mx(x, dst)
+    assert torch.equal(s1.cpu(), r1) and torch.equal(s2.cpu(), r2)
+    assert torch.equal(_bits(y), ry)
+
+
+def test_dynamic_block_mx_quant_documented_example_and_errors():
+    x = torch.tensor([[0.0, 8.0, 64.0, 512.0]], dtype=torch.bfloat16)
+    y, s1, s2 = torch_npu.npu_dynamic_block_mx_quant(x, dst_type=24)
+    assert _bits(y).tolist() == [[0, 72, 96, 120]]
+    assert s1.tolist() == [[[128, 0]]] and s2.tolist() == [[[128, 0]] * 4]
+    with pytest.raises(RuntimeError, match="2-D or 3-D"):
+        torch_npu.npu_dynamic_block_mx_quant(torch.zeros(2, 2, 2, 2, dtype=torch.float16), dst_type=24)
+    with pytest.raises(RuntimeError, match="scale_alg only supports 0"):
+        torch_npu.npu_dynamic_block_mx_quant(x, dst_type=24, scale_alg=1)
+    with pytest.raises(NotImplementedError, match="scale_alg=2"):
+        torch_npu.npu_dynamic_block_mx_quant(x, scale_alg=2)
+    with FakeTensorMode():
+        got = torch.ops.npu.npu_dynamic_block_mx_quant(torch.empty(2, 64, 130, dtype=torch.float16))
+    assert _sig(got) == [((2, 64, 65), torch.uint8), ((2, 64, 3, 2), torch.uint8), ((2, 1, 130, 2), torch.uint8)]

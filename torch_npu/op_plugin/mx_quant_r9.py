@@ -158,6 +158,13 @@ def pack_fp4(codes):
     return pairs[..., 0] | (pairs[..., 1] << 4)
 
 
+def encode_elements(scaled, fmt, round_mode):
+    """Scaled values -> y: the float8 dtype (saturated), or float4 codes packed in uint8."""
+    if fmt.dtype is not None:
+        return scaled.clamp(-fmt.max, fmt.max).to(fmt.dtype)
+    return pack_fp4(_fp4_codes(scaled, fmt, round_mode))
+
+
 def mx_quantize(x, axis, fmt, scale_alg, block=32, max_low_bound=0.0, round_mode="rint"):
     """MX-quantise ``x`` along ``axis``: ``(y, scale bytes uint8 in the paired layout)``; y in
     fmt.dtype, or packed float4 codes in uint8 (last dim halved)."""
@@ -171,10 +178,7 @@ def mx_quantize(x, axis, fmt, scale_alg, block=32, max_low_bound=0.0, round_mode
     byte, recip, finite = _scale_bytes(amax, fmt, scale_alg, max_low_bound)
     scaled = torch.where(finite.unsqueeze(-1), padded * recip.unsqueeze(-1), torch.zeros_like(padded))
     scaled = scaled.reshape(*moved.shape[:-1], blocks * block)[..., :n]
-    if fmt.dtype is not None:
-        y = scaled.clamp(-fmt.max, fmt.max).to(fmt.dtype).movedim(-1, axis)
-    else:
-        y = pack_fp4(_fp4_codes(scaled, fmt, round_mode).movedim(-1, axis))
+    y = encode_elements(scaled.movedim(-1, axis), fmt, round_mode)
     byte = F.pad(byte, (0, 2 * pairs - blocks)).to(torch.uint8)
     scale = byte.reshape(*moved.shape[:-1], pairs, 2).movedim(-2, axis)
     return y.contiguous(), scale.contiguous()
@@ -338,3 +342,44 @@ def npu_grouped_dynamic_mx_quant(x, group_index, *, round_mode="rint", dst_type=
     y = scaled.clamp(-fmt.max, fmt.max).to(fmt.dtype)
     mxscale = byte.to(torch.uint8).reshape(pair_rows, 2, n).transpose(1, 2)
     return y, mxscale.contiguous()
+
+
+# ------------------------------------------------------------------ 32 x 32 block MX quantisation
+#
+# aclnnDynamicBlockMxQuant: one scale per 32 x 32 block of the last two dims (edge blocks hold
+# only the existing elements), every element divided by its block's scale. The scale is given
+# twice: scale1 broadcast along the rows (the last-axis layout: [..., M, ceil(ceil(N/32)/2), 2])
+# and scale2 along the columns (the second-to-last-axis layout: [..., ceil(ceil(M/32)/2), N, 2]),
+# both padded to an even block count with byte 0.
+
+
+@impl("npu_dynamic_block_mx_quant")
+def npu_dynamic_block_mx_quant(input, *, round_mode="rint", dst_type=296, scale_alg=0, dst_type_max=0.0):
+    """``(y, scale1, scale2)``: MX quantisation with one scale per 32 x 32 block of the last two dims."""
+    op = "npu_dynamic_block_mx_quant"
+    check(input.dtype in (torch.float16, torch.bfloat16), op,
+          "x dtype must be float16 or bfloat16, got %s" % input.dtype)
+    check(2 <= input.dim() <= 3, op, "x must be 2-D or 3-D, got %d-D" % input.dim())
+    fmt = mx_destination(op, "dst_type", dst_type)
+    check_fp4_last_dim(op, fmt, input)
+    alg = 0 if scale_alg is None else int(scale_alg)
+    if alg == 2 and fmt.dtype is None:
+        _unsupported(op, "scale_alg=2 (the DynamicDtypeRange scale of float4)")
+    check(alg == 0, op, "scale_alg only supports 0 (and 2 for float4_e2m1), got %d" % alg)
+    check_mx_args(op, fmt, round_mode, alg, dst_type_max)
+    m, n = input.shape[-2:]
+    mb, nb = -(-m // 32), -(-n // 32)
+    lead = input.shape[:-2]
+    padded = F.pad(input.float(), (0, nb * 32 - n, 0, mb * 32 - m)).reshape(*lead, mb, 32, nb, 32)
+    amax = padded.abs().amax(dim=(-3, -1))                                  # [..., mb, nb]
+    byte, recip, finite = _scale_bytes(amax, fmt, alg)
+    scaled = torch.where(finite[..., :, None, :, None], padded * recip[..., :, None, :, None],
+                         torch.zeros_like(padded))
+    scaled = scaled.reshape(*lead, mb * 32, nb * 32)[..., :m, :n]
+    y = encode_elements(scaled, fmt, round_mode)
+    byte = byte.to(torch.uint8)
+    rows = byte.repeat_interleave(32, dim=-2)[..., :m, :]                   # [..., m, nb]
+    scale1 = F.pad(rows, (0, nb % 2)).reshape(*lead, m, (nb + 1) // 2, 2)
+    cols = byte.repeat_interleave(32, dim=-1)[..., :n]                      # [..., mb, n]
+    scale2 = F.pad(cols, (0, 0, 0, mb % 2)).reshape(*lead, (mb + 1) // 2, 2, n).transpose(-1, -2)
+    return y.contiguous(), scale1.contiguous(), scale2.contiguous()

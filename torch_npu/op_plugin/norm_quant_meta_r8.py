@@ -104,19 +104,6 @@ def _check_dims(op, name, t, lo, hi):
 # ------------------------------------------------------------------ quantisation
 
 
-@meta("npu_dynamic_block_mx_quant")
-def npu_dynamic_block_mx_quant_meta(input, *, round_mode="rint", dst_type=296, scale_alg=0, dst_type_max=0.0):
-    """``(y, scale1, scale2)``: y in ``dst_type``; scale1/scale2 are the MX scale layouts of
-    the last and second-to-last axes (blocks of 32)."""
-    op = "npu_dynamic_block_mx_quant"
-    _check_dims(op, "input", input, 2, 8)
-    dt, per = _storage(op, "dst_type", dst_type)
-    n = input.dim()
-    return (_new(input, _packed(op, input.shape, per), dt),
-            _new(input, _mx_scale_shape(input.shape, n - 1), torch.uint8),
-            _new(input, _mx_scale_shape(input.shape, n - 2), torch.uint8))
-
-
 @meta("npu_dynamic_dual_level_mx_quant")
 def npu_dynamic_dual_level_mx_quant_meta(input, *, smooth_scale=None, round_mode="rint"):
     """``(y, level0_scale, level1_scale)``: float4_e2m1 y packed in uint8; level0_scale float32
