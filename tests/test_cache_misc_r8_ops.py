@@ -41,18 +41,6 @@ META_CASES = [
      # 2-D x: [T, heads, D]; without kv_output k/v are empty [0]
      [((4, 1, 32), torch.bfloat16), ((0,), torch.bfloat16), ((0,), torch.bfloat16), ((2, 16, 1, 32), i8),
       ((2, 16, 1, 32), i8)]),
-    ("npu_qkv_rms_norm_rope_cache",
-     lambda: npu.npu_qkv_rms_norm_rope_cache(z(6, 64, dtype=f16), z(8, dtype=f16), z(8, dtype=f16), z(6, 8, dtype=f16),
-                                             z(6, 8, dtype=f16), z(6, dtype=i64), z(6, 32, dtype=f16),
-                                             z(4, 16, 2, 8, dtype=i8), z(4, 16, 2, 8, dtype=i8), [2, 3, 8, 8],
-                                             [4, 2, 2], is_output_qkv=True),
-     [((6, 32), f16), ((6, 16), f16), ((6, 16), f16)]),
-    ("npu_qkv_rms_norm_rope_cache_functional",
-     lambda: npu.npu_qkv_rms_norm_rope_cache_functional(z(6, 64), z(8), z(8), z(6, 8), z(6, 8), z(6, dtype=i64),
-                                                        z(6, 32), z(4, 16, 2, 8), z(4, 16, 2, 8), [2, 3, 8, 8],
-                                                        [4, 2, 2]),
-     # is_output_qkv=False: 0-dim placeholders, then the updated q_out / caches
-     [((), f32), ((), f32), ((), f32), ((6, 32), f32), ((4, 16, 2, 8), f32), ((4, 16, 2, 8), f32)]),
     ("npu_top_k_top_p_sample",
      lambda: npu.npu_top_k_top_p_sample(z(3, 10, dtype=f16), _ints(3), z(3, dtype=f16), z(3, 10)),
      [((3,), i64), ((3, 10), f32)]),

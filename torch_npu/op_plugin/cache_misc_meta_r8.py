@@ -56,38 +56,6 @@ def npu_dequant_rope_quant_kvcache(x, cos, sin, k_cache, v_cache, indices, scale
     return _rope_quant_kvcache(op, x, cos, k_cache, v_cache, size_splits, kv_output)
 
 
-# ----------------------------------------------------------------- qkv rmsnorm + rope + cache
-
-def _qkv_rms_norm_rope_outputs(op, qkv, q_gamma, k_gamma, cos, sin, qkv_size, head_nums, is_output_qkv):
-    """q/k/v before quantisation, [T, heads * D] in qkv's dtype (D = qkv_size[3], heads from
-    head_nums = [n_q, n_k, n_v]) when ``is_output_qkv``, else three 0-dim placeholders."""
-    _check(len(qkv_size) == 4, op, "qkv_size must be [B, S, N, D], got %s" % (list(qkv_size),))
-    _check(len(head_nums) == 3, op, "head_nums must be [n_q, n_k, n_v], got %s" % (list(head_nums),))
-    _check(qkv.dim() == 2, op, "qkv must be 2-D, got %d-D" % qkv.dim())
-    _check(q_gamma.dim() == 1 and k_gamma.dim() == 1, op, "q_gamma and k_gamma must be 1-D")
-    _check(cos.dim() == 2 and sin.dim() == 2, op, "cos and sin must be 2-D")
-    if not is_output_qkv:
-        return tuple(qkv.new_empty(()) for _ in range(3))
-    return tuple(qkv.new_empty((qkv.size(0), heads * qkv_size[3])) for heads in head_nums)
-
-
-@meta("npu_qkv_rms_norm_rope_cache")
-def npu_qkv_rms_norm_rope_cache(qkv, q_gamma, k_gamma, cos, sin, index, q_out, k_cache, v_cache, qkv_size, head_nums,
-                                *, k_scale=None, v_scale=None, k_offset=None, v_offset=None, epsilon=1e-6,
-                                cache_mode="PA_NZ", is_output_qkv=False):
-    return _qkv_rms_norm_rope_outputs("npu_qkv_rms_norm_rope_cache", qkv, q_gamma, k_gamma, cos, sin, qkv_size,
-                                      head_nums, is_output_qkv)
-
-
-@meta("npu_qkv_rms_norm_rope_cache_functional")
-def npu_qkv_rms_norm_rope_cache_functional(qkv, q_gamma, k_gamma, cos, sin, index, q_out, k_cache, v_cache, qkv_size,
-                                           head_nums, *, k_scale=None, v_scale=None, k_offset=None, v_offset=None,
-                                           epsilon=1e-6, cache_mode="PA_NZ", is_output_qkv=False):
-    before_quant = _qkv_rms_norm_rope_outputs("npu_qkv_rms_norm_rope_cache_functional", qkv, q_gamma, k_gamma, cos,
-                                              sin, qkv_size, head_nums, is_output_qkv)
-    return before_quant + (torch.empty_like(q_out), torch.empty_like(k_cache), torch.empty_like(v_cache))
-
-
 # ----------------------------------------------------------------- sampling
 
 @meta("npu_top_k_top_p_sample")
