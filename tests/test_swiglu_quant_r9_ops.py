@@ -61,7 +61,8 @@ def _swiglu_quant_ref(x, smooth, group_index, group_list_type, activate_left):
         ys.append(q)
         scales.append(127.0 / peak if peak else math.inf)
     lead = list(x.shape[:-1])
-    return torch.tensor(ys, dtype=torch.float64).reshape(lead + [n]), torch.tensor(scales, dtype=torch.float64).reshape(lead)
+    ys = torch.tensor(ys, dtype=torch.float64).reshape(lead + [n])
+    return ys, torch.tensor(scales, dtype=torch.float64).reshape(lead)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -155,7 +156,8 @@ def _dequant_swiglu_ref(x, ws, act, qs, activate_left):
         ys.append(yq)
         scales.append(peak / 127.0)
     lead = list(x.shape[:-1])
-    return torch.tensor(ys, dtype=torch.float64).reshape(lead + [h]), torch.tensor(scales, dtype=torch.float64).reshape(lead)
+    ys = torch.tensor(ys, dtype=torch.float64).reshape(lead + [h])
+    return ys, torch.tensor(scales, dtype=torch.float64).reshape(lead)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -53,7 +53,8 @@ def _quantize_rows(op, x, bias, x_scale, x_offset, smooth_scale, quant_mode):
     mode = 'pertoken' if quant_mode is None else quant_mode
     for name, value in (("bias", bias), ("x_offset", x_offset)):
         if value is not None:
-            raise NotImplementedError("%s: %s is not supported by the CPU-emulated NPU (not in the golden)" % (op, name))
+            raise NotImplementedError("%s: %s is not supported by the CPU-emulated NPU (not in the golden)"
+                                      % (op, name))
     xf = x.float()
     if mode == 'pertoken':
         if x_scale is not None or smooth_scale is not None:

@@ -65,7 +65,8 @@ def _quantise(op, name, v, scale, offset, cache):
 
 def _pa_nz_scattered(op, name, cache, rows, index):
     """``cache`` with each token's ``rows[t]`` ([N, D]) written at slot ``index[t]`` (PA_NZ)."""
-    check(cache.dim() == 4, op, "%s_cache must be 4-D [BlockNum, N*D/c0, BlockSize, c0], got %d-D" % (name, cache.dim()))
+    check(cache.dim() == 4, op, "%s_cache must be 4-D [BlockNum, N*D/c0, BlockSize, c0], got %d-D"
+          % (name, cache.dim()))
     bn, chunks, bs, c0 = cache.shape
     t, n, d = rows.shape
     check(c0 > 0 and d % c0 == 0 and chunks == n * d // c0, op,

@@ -44,7 +44,8 @@ def npu_rms_norm_quant_v2(x, gamma, scale, *, offset=None, beta=None, epsilon=1e
     op = "npu_rms_norm_quant_v2"
     code = _INT8_CODE if dst_dtype is None else dst_dtype
     if code != _INT8_CODE:
-        raise NotImplementedError("%s: dst_dtype=%r is not supported by the CPU-emulated NPU (only int8)" % (op, dst_dtype))
+        raise NotImplementedError("%s: dst_dtype=%r is not supported by the CPU-emulated NPU (only int8)"
+                                  % (op, dst_dtype))
     check(x.dtype in _FLOATS, op, "x must be float16, bfloat16 or float32, got %s" % x.dtype)
     check(1 <= x.dim() <= 8, op, "x must have 1 to 8 dims, got %d" % x.dim())
     if gamma.dim() != 1:
