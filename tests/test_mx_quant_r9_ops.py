@@ -576,3 +576,68 @@ def test_dynamic_block_mx_quant_documented_example_and_errors():
     with FakeTensorMode():
         got = torch.ops.npu.npu_dynamic_block_mx_quant(torch.empty(2, 64, 130, dtype=torch.float16))
     assert _sig(got) == [((2, 64, 65), torch.uint8), ((2, 64, 3, 2), torch.uint8), ((2, 1, 130, 2), torch.uint8)]
+
+
+# ------------------------------------------------------------------ npu_swiglu_mx_quant
+
+
+def _nibbles(packed):
+    return torch.stack([packed & 0xF, packed >> 4], -1).flatten(-2)
+
+
+def _ref_swiglu(x, dim, mode, left, limit=7.0, alpha=1.702, bias=1.0):
+    """The aclnnSwigluMxQuant variants in float64, cast to x's dtype (the golden's intermediate);
+    mode 1 splits even/odd elements and ignores activate_left."""
+    xd = x.double()
+    sig = lambda t: 1.0 / (1.0 + torch.exp(-t))
+    if mode == 1:
+        glu, lin = xd[..., 0::2], xd[..., 1::2]
+    else:
+        a, b = xd.chunk(2, dim)
+        glu, lin = (a, b) if left else (b, a)
+    if mode == 0:
+        out = glu * sig(glu) * lin
+    else:
+        g = glu.clamp(max=limit)
+        out = g * sig(alpha * g) * (lin.clamp(-limit, limit) + bias)
+    return out.to(x.dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mode,left,dst", [(0, False, 296), (0, True, torch.float8_e4m3fn), (1, False, 297),
+                                           (1, True, torch.float8_e5m2)])
+def test_swiglu_mx_quant_modes(device, mode, left, dst):
+    x = _rand(6, 256, seed=20, dtype=torch.bfloat16, spread=False) * 3
+    y, s = torch_npu.npu_swiglu_mx_quant(x.to(device), swiglu_mode=mode, activate_left=left, dst_type=dst,
+                                         clamp_limit=5.0, glu_alpha=1.5, glu_bias=0.5)
+    ry, rs = _ref_mx(_ref_swiglu(x, -1, mode, left, 5.0, 1.5, 0.5), -1, dst, 0)
+    assert s.shape == (6, 2, 2)
+    assert (s.cpu().int() - rs.int()).abs().max() <= 1 and (s.cpu() == rs).float().mean() >= 0.95
+    if dst in FP4:   # compare the two nibbles of each byte as separate codes
+        y, ry = _nibbles(y.cpu()), _nibbles(ry)
+    _assert_mostly_equal_bits(_bits(y), ry, frac=0.98)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_swiglu_mx_quant_non_last_dims(device):
+    x = _rand(128, 40, seed=21, dtype=torch.float16, spread=False)
+    y, s = torch_npu.npu_swiglu_mx_quant(x.to(device), activate_dim=0, axis=0, dst_type=24, scale_alg=1)
+    ry, rs = _ref_mx(_ref_swiglu(x, 0, 0, False), 0, torch.float8_e4m3fn, 1)
+    assert y.shape == (64, 40) and s.shape == (1, 40, 2)
+    assert (s.cpu().int() - rs.int()).abs().max() <= 1
+    _assert_mostly_equal_bits(_bits(y), ry, frac=0.98)
+
+
+def test_swiglu_mx_quant_errors_and_fake():
+    x = torch.randn(4, 64, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="swiglu_mode only support 0 or 1"):
+        torch_npu.npu_swiglu_mx_quant(x, swiglu_mode=2)
+    with pytest.raises(RuntimeError, match="clamp_limit should be positive finite"):
+        torch_npu.npu_swiglu_mx_quant(x, clamp_limit=0.0)
+    with pytest.raises(RuntimeError, match="x dim should be 2 to 7"):
+        torch_npu.npu_swiglu_mx_quant(x[0])
+    with pytest.raises(NotImplementedError, match="group_index"):
+        torch_npu.npu_swiglu_mx_quant(x, group_index=torch.tensor([4]), axis=0, dst_type=24)
+    with FakeTensorMode():
+        got = torch.ops.npu.npu_swiglu_mx_quant(torch.empty(4, 256, dtype=torch.float16))
+    assert _sig(got) == [((4, 64), torch.uint8), ((4, 2, 2), torch.uint8)]

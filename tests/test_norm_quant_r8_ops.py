@@ -567,13 +567,6 @@ META_CASES = [
     ("npu_swiglu_group_quant",
      lambda: torch.ops.npu.npu_swiglu_group_quant(_fake(6, 32), quant_mode=2),
      [((6, 16), U8), ((0,), F32), ((0,), F16)]),
-    ("npu_swiglu_mx_quant",
-     lambda: torch.ops.npu.npu_swiglu_mx_quant(_fake(4, 256)),
-     [((4, 64), U8), ((4, 2, 2), U8)]),
-    ("npu_swiglu_mx_quant",   # grouped along axis 0: floor(rows / 64) + groups
-     lambda: torch.ops.npu.npu_swiglu_mx_quant(_fake(200, 128), group_index=_fake(3, dtype=torch.int64), axis=0,
-                                               dst_type=torch.float8_e4m3fn),
-     [((200, 64), E4M3), ((6, 64, 2), U8)]),
     ("npu_swiglu_mx_quant_with_dual_axis",
      lambda: torch.ops.npu.npu_swiglu_mx_quant_with_dual_axis(_fake(130, 256), group_index=_fake(2, dtype=torch.int64)),
      [((130, 128), E4M3), ((130, 2, 2), U8), ((130, 128), E4M3), ((4, 128, 2), U8)]),

@@ -33,6 +33,7 @@ Not emulated (NotImplementedError naming the argument): hifloat8 and other desti
 with scale_alg 2), ``max_low_bound`` with ``scale_alg=0`` (the golden applies it to scale_alg
 1 only).
 """
+import math
 from typing import NamedTuple, Optional
 
 import torch
@@ -383,3 +384,54 @@ def npu_dynamic_block_mx_quant(input, *, round_mode="rint", dst_type=296, scale_
     cols = byte.repeat_interleave(32, dim=-1)[..., :n]                      # [..., mb, n]
     scale2 = F.pad(cols, (0, 0, 0, mb % 2)).reshape(*lead, (mb + 1) // 2, 2, n).transpose(-1, -2)
     return y.contiguous(), scale1.contiguous(), scale2.contiguous()
+
+
+# ------------------------------------------------------------------ SwiGLU + MX quantisation
+#
+# aclnnSwigluMxQuant and ops-nn's swiglu_mx_quant golden: the SwiGLU variant is computed in
+# float32 along activate_dim and cast to x's dtype, then MX-quantised along ``axis`` in blocks
+# of 32 (the same quantiser as npu_dynamic_mx_quant). op-plugin's adapter accepts modes 0 and 1
+# (the kernel's modes 2/3 are not reachable from torch_npu).
+#   mode 0: A, B = halves; activate_left: silu(A) * B, else silu(B) * A
+#   mode 1: glu = even elements, linear = odd elements;
+#           glu.clamp(max=L) * sigmoid(alpha * glu) * (linear.clamp(-L, L) + bias)
+
+
+def _swiglu_variant(xf, dim, mode, activate_left, clamp_limit, glu_alpha, glu_bias):
+    if mode == 0:
+        first, second = xf.chunk(2, dim)
+        glu, linear = (first, second) if activate_left else (second, first)
+        return glu * torch.sigmoid(glu) * linear
+    glu, linear = xf.unflatten(dim, (-1, 2)).unbind(dim + 1)
+    glu = glu.clamp(max=clamp_limit)
+    return glu * torch.sigmoid(glu_alpha * glu) * (linear.clamp(-clamp_limit, clamp_limit) + glu_bias)
+
+
+@impl("npu_swiglu_mx_quant")
+def npu_swiglu_mx_quant(x, *, group_index=None, activate_dim=-1, activate_left=False, swiglu_mode=0,
+                        clamp_limit=7.0, glu_alpha=1.702, glu_bias=1.0, group_mode=0, axis=-1, dst_type=296,
+                        round_mode="rint", scale_alg=0, max_dtype_value=0):
+    """``(y, mxscale)``: MX quantisation (blocks of 32 along ``axis``) of a SwiGLU variant of x."""
+    op = "npu_swiglu_mx_quant"
+    n = x.dim()
+    check(x.dtype in (torch.float16, torch.bfloat16), op, "x dtype must be float16 or bfloat16, got %s" % x.dtype)
+    check(2 <= n <= 7, op, "x dim should be 2 to 7, got %d" % n)
+    check(activate_dim in (-1, -2, n - 2, n - 1), op, "activate_dim should be in [-1, -2, x.dim()-2, x.dim()-1]")
+    check(axis in (-1, -2, n - 2, n - 1), op, "axis should be in [-1, -2, x.dim()-2, x.dim()-1]")
+    check(swiglu_mode in (0, 1), op, "swiglu_mode only support 0 or 1, but got %r" % (swiglu_mode,))
+    check(math.isfinite(clamp_limit) and clamp_limit > 0.0, op, "clamp_limit should be positive finite")
+    act, qdim = activate_dim % n, axis % n
+    check(x.shape[act] % 2 == 0, op, "the activate_dim of x (%d) must be even" % x.shape[act])
+    if swiglu_mode == 1 and act != n - 1:
+        _unsupported(op, "swiglu_mode=1 with activate_dim=%d (the even/odd split of a non-last dim)" % activate_dim)
+    if group_index is not None and (act != n - 1 or qdim != n - 1):
+        _unsupported(op, "group_index with activate_dim=%d, axis=%d (the grouped scale layout of a non-last "
+                         "dim is not documented)" % (activate_dim, axis))
+    check(group_mode in (0, 1), op, "group_mode only support 0(count) or 1(cumsum), got %r" % (group_mode,))
+    fmt = mx_destination(op, "dst_type", dst_type)
+    alg = check_mx_args(op, fmt, round_mode, scale_alg, max_dtype_value)
+    out = _swiglu_variant(x.float(), act, swiglu_mode, activate_left, clamp_limit, glu_alpha, glu_bias)
+    check_fp4_last_dim(op, fmt, out)
+    # with group_index along the last dim only the grouped rows are defined on the device (the
+    # rest is left unwritten); here every row is quantised
+    return mx_quantize(out.to(x.dtype), qdim, fmt, alg, round_mode=round_mode)

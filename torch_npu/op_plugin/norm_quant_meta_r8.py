@@ -14,8 +14,6 @@ device, float4 results are stored two per byte in uint8 (last dim halved), int4 
 quint4x2 results eight per int32 (last dim / 8), hifloat8 in uint8, and float8_e8m0 MX
 scales in uint8. A value the adapters do not map raises ``NotImplementedError`` naming it.
 """
-import math
-
 import torch
 
 from torch_npu.op_plugin._registry import meta
@@ -178,31 +176,6 @@ def npu_swiglu_group_quant_meta(x, *, weight=None, group_index=None, scale=None,
         y_scale = _new(x, list(group_index.shape) if group_index is not None else [1], torch.float32)
     y_origin = _new(x, half if output_origin else [0], x.dtype)
     return _new(x, half, torch.uint8), y_scale, y_origin
-
-
-@meta("npu_swiglu_mx_quant")
-def npu_swiglu_mx_quant_meta(x, *, group_index=None, activate_dim=-1, activate_left=False, swiglu_mode=0,
-                             clamp_limit=7.0, glu_alpha=1.702, glu_bias=1.0, group_mode=0, axis=-1, dst_type=296,
-                             round_mode="rint", scale_alg=0, max_dtype_value=0):
-    """``(y, mxscale)``: ``activate_dim`` halved; y in ``dst_type`` (float4 packed); mxscale
-    uint8 with the ``axis`` dim in blocks of 64 (plus G groups when grouped along a non-last
-    axis) and a trailing 2."""
-    op = "npu_swiglu_mx_quant"
-    n = x.dim()
-    _fail(n > 1, op, "x dim should larger than 1")
-    _fail(swiglu_mode in (0, 1), op, "swiglu_mode only support 0 or 1, but got %r" % (swiglu_mode,))
-    _fail(math.isfinite(clamp_limit) and clamp_limit > 0.0, op, "clamp_limit should be positive finite")
-    _fail(-n <= activate_dim < n, op, "activate_dim should be in range [0, x.dim()-1]")
-    _fail(-n <= axis < n, op, "quant_dim should be in range [0, x.dim()-1]")
-    act, qdim = activate_dim % n, axis % n
-    half = _half_dim(x.shape, act)
-    scale = list(half)
-    if group_index is not None and qdim != n - 1:
-        scale[qdim] = scale[qdim] // 64 + group_index.shape[0]
-    else:
-        scale[qdim] = -(-scale[qdim] // 64)
-    dt, per = _storage(op, "dst_type", dst_type)
-    return _new(x, _packed(op, half, per), dt), _new(x, scale + [2], torch.uint8)
 
 
 def _dual_axis_scales(ref, shape, group_index, grouped_floor_only):
