@@ -1,9 +1,11 @@
 """Dynamic MX quantisation (OCP microscaling) to float8 and float4: npu_dynamic_mx_quant,
 npu_dynamic_mx_quant_with_dual_axis, npu_rms_norm_dynamic_mx_quant,
-npu_add_rms_norm_dynamic_mx_quant.
+npu_add_rms_norm_dynamic_mx_quant, npu_grouped_dynamic_mx_quant, npu_dynamic_block_mx_quant,
+npu_swiglu_mx_quant (each op's own rules are in the comment above it).
 
 Semantics from the CANN ops-nn docs (aclnnDynamicMxQuant, DynamicMxQuantWithDualAxis,
-aclnnRmsNormDynamicMxQuant) and op-plugin / ops-nn test goldens: the quantised axis is cut
+aclnnRmsNormDynamicMxQuant, aclnnDynamicBlockMxQuant, aclnnSwigluMxQuant) and op-plugin /
+ops-nn test goldens: the quantised axis is cut
 into blocks of ``block_size`` elements (a short last block is padded with zeros); each block
 gets one float8_e8m0 scale ``2 ** (b - 127)`` (``b`` the stored byte) and every element
 ``v * 2 ** (127 - b)`` is rounded at its own exponent (never below the format's smallest) to
