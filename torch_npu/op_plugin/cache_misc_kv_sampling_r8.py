@@ -27,6 +27,7 @@ function's docstring and docs/ops-cache-misc-r8.md give the formula and its sour
 import torch
 
 from torch_npu.op_plugin._common import acc, check
+from torch_npu.op_plugin._opaque_vjp import non_differentiable
 from torch_npu.op_plugin._registry import impl, opaque
 from torch_npu.op_plugin.comm_matmul import _symbolic
 
@@ -204,6 +205,9 @@ def npu_scatter_pa_cache_value(key, slot_mapping, *, compress_lens=None, compres
         lo, hi = int(slots.min()), int(slots.max())
         check(0 <= lo and hi < num_blocks * block_size, op, "slot_mapping values must be in [0, %d], got [%d, %d]"
               % (num_blocks * block_size - 1, lo, hi))
+    elif slots.numel():  # tracing (torch.compile): checked by the compiled graph at run time
+        torch._assert_async(((slots >= 0) & (slots < num_blocks * block_size)).all(),
+                            "%s: slot_mapping values must be in [0, %d]" % (op, num_blocks * block_size - 1))
     key_cache[slots // block_size, slots % block_size] = key
     return key_cache
 
@@ -234,7 +238,17 @@ def _scatter_list_into(op, outputs, indices, updates, mask, reduce, axis):
         out.index_copy_(dim, indices[i:i + 1].long(), updates[i])
 
 
-@impl("npu_scatter_list")
+# The mask is checked on its values (zeros are not emulated), which a FakeTensor does not have:
+# as CompositeImplicitAutograd kernels, compiled graphs skipped the check and accepted masks
+# that eager rejects. As opaque ops the kernel runs on the real tensors inside the compiled
+# graph, so compiled and eager raise the same error; the fake kernels do the shape checks.
+def _scatter_list_fake(self, indices, updates, mask=None, reduce="update", axis=-2):
+    outputs = [torch.empty_like(t) for t in self]
+    _scatter_list_into("npu_scatter_list", outputs, indices, updates, mask, reduce, axis)
+    return outputs
+
+
+@opaque("npu_scatter_list", _scatter_list_fake)
 def npu_scatter_list(self, indices, updates, mask=None, reduce="update", axis=-2):
     """Returns copies of the tensors of ``self`` with row ``indices[i]`` along ``axis`` of
     tensor i replaced by ``updates[i]`` (updates [list, *tensor shape with 1 at axis]). The
@@ -244,7 +258,14 @@ def npu_scatter_list(self, indices, updates, mask=None, reduce="update", axis=-2
     return outputs
 
 
-@impl("npu_scatter_list_")
+non_differentiable("npu_scatter_list")  # no backward in op-plugin's derivatives either
+
+
+def _scatter_list_inplace_fake(self, indices, updates, mask=None, reduce="update", axis=-2):
+    _scatter_list_into("npu_scatter_list_", [torch.empty_like(t) for t in self], indices, updates, mask, reduce, axis)
+
+
+@opaque("npu_scatter_list_", _scatter_list_inplace_fake)
 def npu_scatter_list_(self, indices, updates, mask=None, reduce="update", axis=-2):
     """In-place :func:`npu_scatter_list`; returns nothing."""
     _scatter_list_into("npu_scatter_list_", list(self), indices, updates, mask, reduce, axis)
@@ -371,13 +392,7 @@ def _kv_fake_outputs(kv, gamma, cos):
     return kv.new_empty(lead + [cos.size(3)]), kv.new_empty(lead + [gamma.size(0)])
 
 
-def _kv_rmsnorm_rope_cache_fake(kv, gamma, cos, sin, index, k_cache, ckv_cache, *, k_rope_scale=None,
-                                c_kv_scale=None, k_rope_offset=None, c_kv_offset=None, v=None, epsilon=1e-5,
-                                cache_mode="Norm", is_output_kv=False):
-    return (torch.empty_like(k_cache), torch.empty_like(ckv_cache)) + _kv_fake_outputs(kv, gamma, cos)
-
-
-@opaque("npu_kv_rmsnorm_rope_cache", _kv_rmsnorm_rope_cache_fake)
+@impl("npu_kv_rmsnorm_rope_cache")
 def npu_kv_rmsnorm_rope_cache(kv, gamma, cos, sin, index, k_cache, ckv_cache, *, k_rope_scale=None, c_kv_scale=None,
                               k_rope_offset=None, c_kv_offset=None, v=None, epsilon=1e-5, cache_mode="Norm",
                               is_output_kv=False):
@@ -388,9 +403,17 @@ def npu_kv_rmsnorm_rope_cache(kv, gamma, cos, sin, index, k_cache, ckv_cache, *,
     ``index`` per ``cache_mode`` (see docs/ops-cache-misc-r8.md); negative offsets are skipped.
     The caches are updated in place and returned (as the real op); then k_rope, c_kv in kv's
     dtype. With ``is_output_kv=False`` the real kernel leaves k_rope / c_kv unwritten; the
-    computed values are returned here."""
-    k_rope, c_kv = _kv_rmsnorm_rope_cache("npu_kv_rmsnorm_rope_cache", kv, gamma, cos, sin, index, k_cache, ckv_cache,
-                                          k_rope_scale, c_kv_scale, k_rope_offset, c_kv_offset, v, epsilon, cache_mode)
+    computed values are returned here.
+
+    This schema (as the real one) does not declare that it writes the caches, so it is not an
+    opaque op itself: under torch.compile an unannotated write is invisible (the call was
+    dead-code eliminated when its outputs were unused, reads of the caches could be reordered
+    across it). It delegates to ``npu_kv_rmsnorm_rope_cache_v2``, whose schema marks the caches
+    ``(a!)``: eager writes in place, compiled graphs functionalize the write and copy it back."""
+    k_rope, c_kv = torch.ops.npu.npu_kv_rmsnorm_rope_cache_v2(
+        kv, gamma, cos, sin, index, k_cache, ckv_cache, k_rope_scale=k_rope_scale, c_kv_scale=c_kv_scale,
+        k_rope_offset=k_rope_offset, c_kv_offset=c_kv_offset, v=v, epsilon=epsilon, cache_mode=cache_mode,
+        is_output_kv=is_output_kv)
     return k_cache, ckv_cache, k_rope, c_kv
 
 

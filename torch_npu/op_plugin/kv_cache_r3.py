@@ -46,6 +46,10 @@ def _scatter_one(op, name, x, cache, slots):
         check(0 <= lo and hi < nb * block_size, op,
               "slot_mapping values must be in [0, num_blocks * block_size - 1] = [0, %d], got [%d, %d]"
               % (nb * block_size - 1, lo, hi))
+    elif t:  # tracing (torch.compile): checked by the compiled graph at run time (indexing would wrap negatives)
+        torch._assert_async(((slots >= 0) & (slots < nb * block_size)).all(),
+                            "%s: slot_mapping values must be in [0, num_blocks * block_size - 1] = [0, %d]"
+                            % (op, nb * block_size - 1))
     blk, off = slots // block_size, slots % block_size
     if nd:
         cache[blk, off] = row.reshape(t, d2, d3).to(cache.dtype)
@@ -116,6 +120,9 @@ def npu_advance_step_flashattn(input_tokens, sampled_token_ids, input_positions,
     check(_symbolic(col) or int(col.max()) < block_tables.size(1), op,
           "block_tables has %d columns; position %d needs column %d"
           % ((block_tables.size(1), int(pos.max()), int(col.max())) if not _symbolic(col) else (0, 0, 0)))
+    if _symbolic(col):  # tracing (torch.compile): the same check, by the compiled graph at run time
+        torch._assert_async((col < block_tables.size(1)).all(), "%s: block_tables has %d columns; a position needs "
+                            "a column past them" % (op, block_tables.size(1)))
     rows = torch.arange(n, device=block_tables.device)
     slots = block_tables[rows, col].long() * block_size + pos % block_size
     input_tokens.view(-1)[:n].copy_(sampled_token_ids.reshape(-1)[:n])

@@ -216,6 +216,12 @@ def _mla_prolog(op, v2, token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_
         cap = kv_cache.shape[0] * kv_cache.shape[1]
         check(0 <= lo and hi < cap, op, "cache_index values must lie in [0, BlockNum*BlockSize) = [0, %d), got [%d, %d]"
               % (cap, lo, hi + 1))
+    elif paged and t and kv_cache.shape[0] * kv_cache.shape[1]:
+        # tracing (torch.compile): the same bound, checked by the compiled graph at run time
+        # (indexing alone would accept negative slots, counting from the end of the cache)
+        cap = kv_cache.shape[0] * kv_cache.shape[1]
+        torch._assert_async(((slots >= 0) & (slots < cap)).all(),
+                            "%s: cache_index values must lie in [0, BlockNum*BlockSize) = [0, %d)" % (op, cap))
 
     if full_quant:
         sx = dequant_scale_x.reshape(t, 1).to(cdt)
