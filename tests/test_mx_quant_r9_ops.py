@@ -641,3 +641,12 @@ def test_swiglu_mx_quant_errors_and_fake():
     with FakeTensorMode():
         got = torch.ops.npu.npu_swiglu_mx_quant(torch.empty(4, 256, dtype=torch.float16))
     assert _sig(got) == [((4, 64), torch.uint8), ((4, 2, 2), torch.uint8)]
+
+
+def test_outputs_do_not_require_grad():
+    """The MX quantisers have no backward (no *_backward op in the schema list): outputs of
+    inputs that require grad are plain tensors."""
+    x = torch.randn(4, 64, dtype=torch.bfloat16, requires_grad=True)
+    outs = [*torch_npu.npu_dynamic_mx_quant(x, dst_type=24), *torch_npu.npu_dynamic_block_mx_quant(x),
+            *torch_npu.npu_add_rms_norm_dynamic_mx_quant(x, x, torch.ones(64, dtype=torch.bfloat16))]
+    assert not any(t.requires_grad for t in outs)

@@ -172,7 +172,7 @@ def mx_quantize(x, axis, fmt, scale_alg, block=32, max_low_bound=0.0, round_mode
     """MX-quantise ``x`` along ``axis``: ``(y, scale bytes uint8 in the paired layout)``; y in
     fmt.dtype, or packed float4 codes in uint8 (last dim halved)."""
     axis = axis % x.dim()
-    moved = x.movedim(axis, -1).float()
+    moved = x.detach().movedim(axis, -1).float()      # no backward: the quantisers have none
     n = moved.shape[-1]
     blocks = -(-n // block)
     pairs = (blocks + 1) // 2
@@ -274,7 +274,7 @@ def npu_rms_norm_dynamic_mx_quant(x, gamma, *, beta=None, epsilon=1e-06, scale_a
     """``(y, mxscale, rstd)``: MX quantisation of RmsNorm(x) * gamma (+ beta) along the last dim."""
     op = "npu_rms_norm_dynamic_mx_quant"
     _check_norm_args(op, x, gamma, beta)
-    return _rms_norm_mx(op, x.float(), x.dtype, gamma, beta, epsilon, scale_alg, round_mode, dst_type,
+    return _rms_norm_mx(op, x.detach().float(), x.dtype, gamma, beta, epsilon, scale_alg, round_mode, dst_type,
                         x.requires_grad)
 
 
@@ -287,7 +287,7 @@ def npu_add_rms_norm_dynamic_mx_quant(x1, x2, gamma, *, beta=None, epsilon=1e-06
     check(x1.dtype == x2.dtype, op, "The dtype of x1 and x2 must be the same, got %s and %s" % (x1.dtype, x2.dtype))
     check(x1.requires_grad == x2.requires_grad, op, "The requires_grad of x1 and x2 must be consistent")
     _check_norm_args(op, x1, gamma, beta)
-    xf = x1.float() + x2.float()
+    xf = x1.detach().float() + x2.detach().float()
     y, mxscale, rstd = _rms_norm_mx(op, xf, x1.dtype, gamma, beta, epsilon, scale_alg, round_mode, dst_type,
                                     x1.requires_grad and x2.requires_grad)
     return y, xf.to(x1.dtype), mxscale, rstd
@@ -327,7 +327,7 @@ def npu_grouped_dynamic_mx_quant(x, group_index, *, round_mode="rint", dst_type=
     rows = torch.arange(m, device=x.device)
     gid = torch.searchsorted(ends, rows, right=True).clamp(max=groups - 1)
     block_row = first_block[gid] + (rows - starts[gid]) // 32                      # [M]
-    xf = x.float()
+    xf = x.detach().float()
     finite = torch.isfinite(xf)
     total = pair_rows * 2
     index = block_row.unsqueeze(1).expand(m, n)
@@ -373,7 +373,7 @@ def npu_dynamic_block_mx_quant(input, *, round_mode="rint", dst_type=296, scale_
     m, n = input.shape[-2:]
     mb, nb = -(-m // 32), -(-n // 32)
     lead = input.shape[:-2]
-    padded = F.pad(input.float(), (0, nb * 32 - n, 0, mb * 32 - m)).reshape(*lead, mb, 32, nb, 32)
+    padded = F.pad(input.detach().float(), (0, nb * 32 - n, 0, mb * 32 - m)).reshape(*lead, mb, 32, nb, 32)
     amax = padded.abs().amax(dim=(-3, -1))                                  # [..., mb, nb]
     byte, recip, finite = _scale_bytes(amax, fmt, alg)
     scaled = torch.where(finite[..., :, None, :, None], padded * recip[..., :, None, :, None],
