@@ -65,7 +65,27 @@ def test_diou_ciou_fp16_grad_meta_errors():
     torch.testing.assert_close(out.cpu().double(), exp, rtol=0, atol=2e-3)
     x, y = to_xywh(a).requires_grad_(), to_xywh(b).requires_grad_()
     torch.autograd.gradcheck(lambda p, q: torch_npu.npu_diou(p, q, trans=True), (x, y))
-    torch.autograd.gradcheck(lambda p, q: torch_npu.npu_ciou(p, q, trans=True, is_cross=False), (x, y))
+    # CIoU: the hardware backward (CIoUGrad) holds alpha = v / (1 - iou + v) constant, so compare
+    # with autograd of a float64 reference in which alpha is frozen
+    def ref_ciou(p, q):
+        pw, ph, qw, qh = p[2], p[3], q[2], q[3]
+        iw = (torch.minimum(p[0] + pw / 2, q[0] + qw / 2) - torch.maximum(p[0] - pw / 2, q[0] - qw / 2)).clamp(min=0)
+        ih = (torch.minimum(p[1] + ph / 2, q[1] + qh / 2) - torch.maximum(p[1] - ph / 2, q[1] - qh / 2)).clamp(min=0)
+        inter = iw * ih
+        iou = inter / (pw * ph + qw * qh - inter)
+        cw = torch.maximum(p[0] + pw / 2, q[0] + qw / 2) - torch.minimum(p[0] - pw / 2, q[0] - qw / 2)
+        chh = torch.maximum(p[1] + ph / 2, q[1] + qh / 2) - torch.minimum(p[1] - ph / 2, q[1] - qh / 2)
+        rho2 = (p[0] - q[0]) ** 2 + (p[1] - q[1]) ** 2
+        v = 4 / math.pi ** 2 * (torch.atan(qw / qh) - torch.atan(pw / ph)) ** 2
+        with torch.no_grad():
+            alpha = v / (1 - iou + v)
+        return (iou - rho2 / (cw * cw + chh * chh) - alpha * v).unsqueeze(0)
+
+    g = torch.rand(1, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(7))
+    got = torch.autograd.grad(torch_npu.npu_ciou(x, y, trans=True, is_cross=False), (x, y), g)
+    exp = torch.autograd.grad(ref_ciou(x, y), (x, y), g)
+    for a_, e_ in zip(got, exp):
+        torch.testing.assert_close(a_, e_)
     m = torch.empty(4, 7, device="meta")
     assert torch_npu.npu_ciou(m, torch.empty(4, 3, device="meta")).shape == (3, 7)
     assert torch_npu.npu_diou(m, m).shape == (1, 7)

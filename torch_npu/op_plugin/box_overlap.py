@@ -60,8 +60,10 @@ def npu_ciou(self, gtboxes, trans=False, is_cross=True, mode=0, atan_sub_flag=Fa
     """Complete-IoU ``ciou = diou - alpha * v`` with the aspect-ratio term
     ``v = 4 / pi^2 * (atan(w_gt / h_gt) - atan(w / h))^2`` and ``alpha = v / (1 - iou + v)``
     (layouts and output shapes as :func:`npu_diou`). ``atan_sub_flag`` only chooses what the
-    hardware saves for its backward; the value is the same. Differentiable."""
+    hardware saves for its backward; the value is the same. Differentiable; as the hardware
+    backward (CIoUGrad) does, the gradient holds ``alpha`` constant (only ``v`` and the DIoU
+    terms are differentiated)."""
     iou, dist, (aw, ah, bw, bh) = _terms("npu_ciou", self, gtboxes, trans, is_cross, mode)
     v = (4 / math.pi ** 2) * (torch.atan(bw / bh) - torch.atan(aw / ah)) ** 2
-    alpha = v / (1 - iou + v)
+    alpha = (v / (1 - iou + v)).detach()
     return (iou - dist - alpha * v).to(self.dtype)
