@@ -650,3 +650,49 @@ def test_outputs_do_not_require_grad():
     outs = [*torch_npu.npu_dynamic_mx_quant(x, dst_type=24), *torch_npu.npu_dynamic_block_mx_quant(x),
             *torch_npu.npu_add_rms_norm_dynamic_mx_quant(x, x, torch.ones(64, dtype=torch.bfloat16))]
     assert not any(t.requires_grad for t in outs)
+
+
+# ------------------------------------------------------------------ npu_swiglu_mx_quant_with_dual_axis
+
+
+def test_swiglu_dual_axis_op_plugin_case():
+    """op-plugin's test: bf16 ones [4, 8], group_index [2, 4] -> every scale byte 118, y 384
+    (its golden compares y cast to uint8: 384 -> 128)."""
+    x = torch.ones(4, 8, dtype=torch.bfloat16)
+    y1, s1, y2, s2 = torch_npu.npu_swiglu_mx_quant_with_dual_axis(x, group_index=torch.tensor([2, 4]))
+    assert (y1.to(torch.uint8) == 128).all() and (y2.to(torch.uint8) == 128).all()
+    assert s1.tolist() == [[[118, 0]]] * 4
+    assert s2.tolist() == [[[118, 0]] * 4] * 2
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("left", [True, False])
+def test_swiglu_dual_axis(device, left):
+    x = _rand(150, 80, seed=22, dtype=torch.float16, spread=False) * 2
+    ends = [10, 10, 100, 150]
+    gi = torch.tensor(ends)
+    y1, s1, y2, s2 = torch_npu.npu_swiglu_mx_quant_with_dual_axis(x.to(device), group_index=gi.to(device),
+                                                                   activate_left=left)
+    act = _ref_swiglu(x, -1, 0, left)
+    r1, q1 = _ref_mx(act, -1, torch.float8_e4m3fn, 1)
+    r2, q2 = _ref_grouped(act, ends, torch.float8_e4m3fn, 1)
+    assert s1.shape == (150, 1, 2) and s2.shape == (150 // 64 + 4, 40, 2)
+    assert (s1.cpu().int() - q1.int()).abs().max() <= 1 and (s2.cpu().int() - q2.int()).abs().max() <= 1
+    _assert_mostly_equal_bits(_bits(y1), r1, frac=0.98)
+    _assert_mostly_equal_bits(_bits(y2), r2, frac=0.98)
+
+
+def test_swiglu_dual_axis_errors_and_fake():
+    x = torch.randn(64, 64, dtype=torch.bfloat16)
+    gi = torch.tensor([64])
+    with pytest.raises(NotImplementedError, match="group_index=None"):
+        torch_npu.npu_swiglu_mx_quant_with_dual_axis(x)
+    with pytest.raises(NotImplementedError, match="float8_e4m3fn with scale_alg=1 only"):
+        torch_npu.npu_swiglu_mx_quant_with_dual_axis(x, group_index=gi, scale_alg=0)
+    with pytest.raises(RuntimeError, match="divisible by 2"):
+        torch_npu.npu_swiglu_mx_quant_with_dual_axis(x[:, :63], group_index=gi)
+    with FakeTensorMode():
+        got = torch.ops.npu.npu_swiglu_mx_quant_with_dual_axis(torch.empty(130, 256, dtype=torch.float16),
+                                                               group_index=torch.empty(2, dtype=torch.int64))
+    assert _sig(got) == [((130, 128), torch.float8_e4m3fn), ((130, 2, 2), torch.uint8),
+                         ((130, 128), torch.float8_e4m3fn), ((4, 128, 2), torch.uint8)]

@@ -567,9 +567,6 @@ META_CASES = [
     ("npu_swiglu_group_quant",
      lambda: torch.ops.npu.npu_swiglu_group_quant(_fake(6, 32), quant_mode=2),
      [((6, 16), U8), ((0,), F32), ((0,), F16)]),
-    ("npu_swiglu_mx_quant_with_dual_axis",
-     lambda: torch.ops.npu.npu_swiglu_mx_quant_with_dual_axis(_fake(130, 256), group_index=_fake(2, dtype=torch.int64)),
-     [((130, 128), E4M3), ((130, 2, 2), U8), ((130, 128), E4M3), ((4, 128, 2), U8)]),
     ("_npu_swiglu_backward_mx_quant_with_dual_axis",   # the documented test shapes
      lambda: torch.ops.npu._npu_swiglu_backward_mx_quant_with_dual_axis(_fake(128, 128, dtype=BF16),
                                                                        _fake(128, 64, dtype=BF16)),

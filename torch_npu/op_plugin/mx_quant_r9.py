@@ -303,21 +303,9 @@ def npu_add_rms_norm_dynamic_mx_quant(x1, x2, gamma, *, beta=None, epsilon=1e-06
 # group's start. The M // 64 + G block-row pairs are stored as [M // 64 + G, N, 2].
 
 
-@impl("npu_grouped_dynamic_mx_quant")
-def npu_grouped_dynamic_mx_quant(x, group_index, *, round_mode="rint", dst_type=23, blocksize=32, scale_alg=0,
-                                 dst_type_max=0.0):
-    """``(y, mxscale)``: MX quantisation of x [M, N] along the rows, per group of rows."""
-    op = "npu_grouped_dynamic_mx_quant"
-    check(x.dim() == 2, op, "Input x must be 2-dimensional, got dimNum %d" % x.dim())
-    check(group_index.dim() == 1, op, "Input group_index must be 1-dimensional, got dimNum %d" % group_index.dim())
-    check(x.dtype in (torch.float16, torch.bfloat16), op, "x dtype must be float16 or bfloat16, got %s" % x.dtype)
-    check(group_index.dtype in (torch.int32, torch.int64), op,
-          "group_index dtype must be int32 or int64, got %s" % group_index.dtype)
-    check(blocksize == 32, op, "Parameter blocksize only supports 32, got %d" % blocksize)
-    fmt = mx_destination(op, "dst_type", dst_type)
-    check(fmt.dtype is not None, op,
-          "Parameter dst_type only supports torch.float8_e5m2(23), torch.float8_e4m3fn(24), got %r" % (dst_type,))
-    alg = check_mx_args(op, fmt, round_mode, scale_alg, dst_type_max)
+def grouped_rows_mx(x, group_index, fmt, scale_alg):
+    """MX quantisation of x [M, N] along the rows per group of rows, in the grouped scale layout
+    above: ``(y in fmt.dtype, mxscale [M // 64 + G, N, 2] uint8)``."""
     m, n = x.shape
     groups = group_index.shape[0]
     pair_rows = m // 64 + groups
@@ -335,7 +323,7 @@ def npu_grouped_dynamic_mx_quant(x, group_index, *, round_mode="rint", dst_type=
                                                  "amax", include_self=True)
     bad = xf.new_zeros(total, n).scatter_add(0, index, (~finite).float()) > 0
     used = xf.new_zeros(total).scatter_add(0, block_row, torch.ones_like(xf[:, 0])) > 0
-    byte, recip, ok = _scale_bytes(torch.where(bad, torch.full_like(amax, float("inf")), amax), fmt, alg)
+    byte, recip, ok = _scale_bytes(torch.where(bad, torch.full_like(amax, float("inf")), amax), fmt, scale_alg)
     # rows no block lands in: the even-count pad after a group's last block (byte 0), else 127
     lane = torch.arange(total, device=x.device)
     pad_row = (lane % 2 == 1) & ~used & torch.cat([used.new_zeros(1), used[:-1]])
@@ -345,6 +333,24 @@ def npu_grouped_dynamic_mx_quant(x, group_index, *, round_mode="rint", dst_type=
     y = scaled.clamp(-fmt.max, fmt.max).to(fmt.dtype)
     mxscale = byte.to(torch.uint8).reshape(pair_rows, 2, n).transpose(1, 2)
     return y, mxscale.contiguous()
+
+
+@impl("npu_grouped_dynamic_mx_quant")
+def npu_grouped_dynamic_mx_quant(x, group_index, *, round_mode="rint", dst_type=23, blocksize=32, scale_alg=0,
+                                 dst_type_max=0.0):
+    """``(y, mxscale)``: MX quantisation of x [M, N] along the rows, per group of rows."""
+    op = "npu_grouped_dynamic_mx_quant"
+    check(x.dim() == 2, op, "Input x must be 2-dimensional, got dimNum %d" % x.dim())
+    check(group_index.dim() == 1, op, "Input group_index must be 1-dimensional, got dimNum %d" % group_index.dim())
+    check(x.dtype in (torch.float16, torch.bfloat16), op, "x dtype must be float16 or bfloat16, got %s" % x.dtype)
+    check(group_index.dtype in (torch.int32, torch.int64), op,
+          "group_index dtype must be int32 or int64, got %s" % group_index.dtype)
+    check(blocksize == 32, op, "Parameter blocksize only supports 32, got %d" % blocksize)
+    fmt = mx_destination(op, "dst_type", dst_type)
+    check(fmt.dtype is not None, op,
+          "Parameter dst_type only supports torch.float8_e5m2(23), torch.float8_e4m3fn(24), got %r" % (dst_type,))
+    alg = check_mx_args(op, fmt, round_mode, scale_alg, dst_type_max)
+    return grouped_rows_mx(x, group_index, fmt, alg)
 
 
 # ------------------------------------------------------------------ 32 x 32 block MX quantisation
@@ -437,3 +443,42 @@ def npu_swiglu_mx_quant(x, *, group_index=None, activate_dim=-1, activate_left=F
     # with group_index along the last dim only the grouped rows are defined on the device (the
     # rest is left unwritten); here every row is quantised
     return mx_quantize(out.to(x.dtype), qdim, fmt, alg, round_mode=round_mode)
+
+
+# ------------------------------------------------------------------ SwiGLU + dual-axis MX quantisation
+#
+# aclnnSwigluMxQuantWithDualAxis: x [M, 2N]; SwiGLU (activate_left: silu(left) * right, else
+# silu(right) * left) in float32, stored in x's dtype (the kernel's SwiGLU buffer has x's
+# dtype), then MX-quantised along -1 (y1, mxscale1: every row, blocks of 32) and along -2 per
+# group of rows (y2, mxscale2: the npu_grouped_dynamic_mx_quant layout, [M // 64 + G, N, 2]).
+# The doc allows float8_e4m3fn with scale_alg 1 only and requires group_index (cumulative row
+# ends, the last = M). Scale rows between groups that no block writes are not specified by the
+# doc; they get the grouped golden's filler (0 after an odd block count, else 127).
+
+
+@impl("npu_swiglu_mx_quant_with_dual_axis")
+def npu_swiglu_mx_quant_with_dual_axis(x, *, group_index=None, activate_left=True, round_mode="rint", scale_alg=1,
+                                       dst_type=24, dst_type_max=0):
+    """``(y1, mxscale1, y2, mxscale2)``: SwiGLU(x) MX-quantised along -1 and, per group of rows, along -2."""
+    op = "npu_swiglu_mx_quant_with_dual_axis"
+    check(x.dim() >= 2, op, "The input x should be at least 2D")
+    check(x.shape[-1] % 2 == 0, op, "The last dim of input must be divisible by 2")
+    check(x.dim() == 2, op, "x must be 2-D [M, 2N], got %d-D" % x.dim())
+    check(x.dtype in (torch.float16, torch.bfloat16), op, "x dtype must be float16 or bfloat16, got %s" % x.dtype)
+    if group_index is None:
+        _unsupported(op, "group_index=None (the doc requires it; op-plugin's adapter and the kernel doc disagree "
+                         "on the scale2 rows without it)")
+    check(group_index.dim() == 1 and group_index.dtype == torch.int64, op,
+          "group_index must be a 1-D int64 tensor, got %d-D %s" % (group_index.dim(), group_index.dtype))
+    fmt = mx_destination(op, "dst_type", dst_type)
+    alg = 0 if scale_alg is None else int(scale_alg)
+    if fmt is not E4M3 or alg != 1:
+        _unsupported(op, "dst_type=%r with scale_alg=%d (the doc allows float8_e4m3fn with scale_alg=1 only)"
+                     % (dst_type, alg))
+    check_mx_args(op, fmt, round_mode, alg, dst_type_max)
+    left, right = x.detach().float().chunk(2, -1)
+    glu, linear = (left, right) if activate_left else (right, left)
+    out = (glu * torch.sigmoid(glu) * linear).to(x.dtype)
+    y1, s1 = mx_quantize(out, -1, fmt, alg)
+    y2, s2 = grouped_rows_mx(out, group_index, fmt, alg)
+    return y1, s1, y2, s2

@@ -193,21 +193,6 @@ def _dual_axis_scales(ref, shape, group_index, grouped_floor_only):
     return _new(ref, s1 + [2], torch.uint8), _new(ref, s2 + [2], torch.uint8)
 
 
-@meta("npu_swiglu_mx_quant_with_dual_axis")
-def npu_swiglu_mx_quant_with_dual_axis_meta(x, *, group_index=None, activate_left=True, round_mode="rint",
-                                            scale_alg=1, dst_type=24, dst_type_max=0):
-    """``(y1, mxscale1, y2, mxscale2)`` of SwiGLU(x) (last dim halved) MX-quantised along the
-    last axis and along the second-to-last axis (blocks of 64)."""
-    op = "npu_swiglu_mx_quant_with_dual_axis"
-    _fail(x.dim() >= 2, op, "The input x should be at least 2D")
-    _fail(x.shape[-1] % 2 == 0, op, "The last dim of input must be divisible by 2")
-    half = _half_dim(x.shape, -1)
-    dt, per = _storage(op, "dst_type", dst_type)
-    y_shape = _packed(op, half, per)
-    s1, s2 = _dual_axis_scales(x, half, group_index, grouped_floor_only=True)
-    return _new(x, y_shape, dt), s1, _new(x, y_shape, dt), s2
-
-
 @meta("_npu_swiglu_backward_mx_quant_with_dual_axis")
 def _npu_swiglu_backward_mx_quant_with_dual_axis_meta(x, y_grad, *, group_index=None, activate_left=True,
                                                        round_mode="rint", scale_alg=1, dst_type=24, dst_type_max=0):
