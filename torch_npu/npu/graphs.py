@@ -370,8 +370,20 @@ def graph_task_update_end(stream):
     if len(mode.ops) != len(old):
         raise RuntimeError(f"graph_task_update_end: the update issued {len(mode.ops)} ops, the task group "
                            f"captured {len(old)}; an update must issue the same tasks." + pta_error(ErrCode.PARAM))
-    handle.graph._ops[handle.start:handle.end] = [
-        _RecordedOp(new.func, new.args, new.kwargs, prev.outs) for new, prev in zip(mode.ops, old)]
+    # An op issued by the update may read a tensor produced earlier in the same update (an
+    # intermediate of a composite op). At replay that producer writes its *captured* outputs, so
+    # the consumer must read those, not the update's own (stale) intermediates.
+    captured_of = {}
+    replaced = []
+    for new, prev in zip(mode.ops, old):
+        def remap(a):
+            return captured_of.get(id(a), a) if isinstance(a, torch.Tensor) else a
+        args, kwargs = pytree.tree_map(remap, (new.args, new.kwargs))
+        replaced.append(_RecordedOp(new.func, args, kwargs, prev.outs))
+        for produced, captured in zip(pytree.tree_leaves(new.outs), pytree.tree_leaves(prev.outs)):
+            if isinstance(produced, torch.Tensor) and isinstance(captured, torch.Tensor):
+                captured_of[id(produced)] = captured
+    handle.graph._ops[handle.start:handle.end] = replaced
     handle.graph._inputs = handle.graph._external_inputs(handle.graph._ops)
 
 
