@@ -696,3 +696,57 @@ def test_swiglu_dual_axis_errors_and_fake():
                                                                group_index=torch.empty(2, dtype=torch.int64))
     assert _sig(got) == [((130, 128), torch.float8_e4m3fn), ((130, 2, 2), torch.uint8),
                          ((130, 128), torch.float8_e4m3fn), ((4, 128, 2), torch.uint8)]
+
+
+# ------------------------------------------------------------------ _npu_swiglu_backward_mx_quant_with_dual_axis
+
+
+def _ref_swiglu_grad(x, dy, left):
+    """d/dx of silu(A) * B (A the activated half) in float64 by autograd, cast to x's dtype."""
+    xd = x.double().requires_grad_(True)
+    a, b = xd.chunk(2, -1)
+    act, other = (a, b) if left else (b, a)
+    (act * torch.sigmoid(act) * other).backward(dy.double())
+    return xd.grad.to(x.dtype)
+
+
+def test_swiglu_backward_dual_axis_op_plugin_case():
+    """op-plugin's test: x = y_grad = 1 (bf16 [4, 64] / [4, 32]), groups [2, 4]: y (as uint8
+    values) 240 | 128, mxscale1 [119, 118], mxscale2 per column 119 / 118 then the pad 0."""
+    x, dy = torch.ones(4, 64, dtype=torch.bfloat16), torch.ones(4, 32, dtype=torch.bfloat16)
+    y1, s1, y2, s2 = torch_npu._npu_swiglu_backward_mx_quant_with_dual_axis(x, dy, group_index=torch.tensor([2, 4]))
+    row = [240] * 32 + [128] * 32
+    assert y1.to(torch.uint8).tolist() == [row] * 4 and y2.to(torch.uint8).tolist() == [row] * 4
+    assert s1.tolist() == [[[119, 118]]] * 4
+    assert s2.tolist() == [[[119, 0]] * 32 + [[118, 0]] * 32] * 2
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("left,grouped", [(True, True), (False, False)])
+def test_swiglu_backward_dual_axis(device, left, grouped):
+    x = _rand(100, 128, seed=23, dtype=torch.bfloat16, spread=False) * 2
+    dy = _rand(100, 64, seed=24, dtype=torch.bfloat16, spread=False)
+    ends = [30, 30, 100]
+    gi = torch.tensor(ends).to(device) if grouped else None
+    y1, s1, y2, s2 = torch_npu._npu_swiglu_backward_mx_quant_with_dual_axis(x.to(device), dy.to(device),
+                                                                           group_index=gi, activate_left=left)
+    grad = _ref_swiglu_grad(x, dy, left)
+    r1, q1 = _ref_mx(grad, -1, torch.float8_e4m3fn, 1)
+    r2, q2 = _ref_grouped(grad, ends, torch.float8_e4m3fn, 1) if grouped else _ref_mx(grad, -2, torch.float8_e4m3fn, 1)
+    assert s2.shape == ((100 // 64 + 3) if grouped else 2, 128, 2)
+    assert (s1.cpu().int() - q1.int()).abs().max() <= 1 and (s2.cpu().int() - q2.int()).abs().max() <= 1
+    _assert_mostly_equal_bits(_bits(y1), r1, frac=0.98)
+    _assert_mostly_equal_bits(_bits(y2), r2, frac=0.98)
+
+
+def test_swiglu_backward_dual_axis_errors_and_fake():
+    x, dy = torch.ones(64, 64, dtype=torch.bfloat16), torch.ones(64, 32, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="with the last dim halved"):
+        torch_npu._npu_swiglu_backward_mx_quant_with_dual_axis(x, dy[:, :16])
+    with pytest.raises(NotImplementedError, match="float8_e4m3fn with scale_alg=1"):
+        torch_npu._npu_swiglu_backward_mx_quant_with_dual_axis(x, dy, dst_type=23)
+    with FakeTensorMode():
+        got = torch.ops.npu._npu_swiglu_backward_mx_quant_with_dual_axis(torch.empty(128, 128, dtype=torch.bfloat16),
+                                                                         torch.empty(128, 64, dtype=torch.bfloat16))
+    assert _sig(got) == [((128, 128), torch.float8_e4m3fn), ((128, 2, 2), torch.uint8),
+                         ((128, 128), torch.float8_e4m3fn), ((2, 128, 2), torch.uint8)]

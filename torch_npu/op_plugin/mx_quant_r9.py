@@ -482,3 +482,49 @@ def npu_swiglu_mx_quant_with_dual_axis(x, *, group_index=None, activate_left=Tru
     y1, s1 = mx_quantize(out, -1, fmt, alg)
     y2, s2 = grouped_rows_mx(out, group_index, fmt, alg)
     return y1, s1, y2, s2
+
+
+# ------------------------------------------------------------------ SwiGLU backward + dual-axis MX quantisation
+#
+# The input gradient of SwiGLU (activated half A, other half B, dy the output gradient):
+# dA = dy * B * sigmoid(A) * (1 + A * (1 - sigmoid(A))), dB = dy * silu(A), laid out as x
+# (A = left half when activate_left). It is computed in float32, stored in x's dtype (as the
+# forward kernel stores its SwiGLU; the backward's intermediate precision is not documented:
+# it only moves values that sit on a rounding tie), then MX-quantised as the forward: along -1,
+# and along -2 per group of rows with group_index (else ceil(M / 64) scale rows, op-plugin's
+# test). op-plugin's test case (x = y_grad = 1, groups [2, 4]) is reproduced exactly.
+
+
+@impl("_npu_swiglu_backward_mx_quant_with_dual_axis")
+def _npu_swiglu_backward_mx_quant_with_dual_axis(x, y_grad, *, group_index=None, activate_left=True,
+                                                 round_mode="rint", scale_alg=1, dst_type=24, dst_type_max=0):
+    """``(y1, mxscale1, y2, mxscale2)``: the SwiGLU input gradient MX-quantised along -1 and -2."""
+    op = "_npu_swiglu_backward_mx_quant_with_dual_axis"
+    check(x.dim() >= 2, op, "The input x should be at least 2D")
+    check(x.dim() == 2, op, "x must be 2-D [M, 2N], got %d-D" % x.dim())
+    check(x.shape[-1] % 2 == 0, op, "The last dim of input must be divisible by 2")
+    check(list(y_grad.shape) == [x.shape[0], x.shape[1] // 2], op,
+          "y_grad %s must be x %s with the last dim halved" % (tuple(y_grad.shape), tuple(x.shape)))
+    check(x.dtype in (torch.float16, torch.bfloat16) and y_grad.dtype == x.dtype, op,
+          "x and y_grad must be float16 or bfloat16 of the same dtype, got %s and %s" % (x.dtype, y_grad.dtype))
+    fmt = mx_destination(op, "dst_type", dst_type)
+    alg = 0 if scale_alg is None else int(scale_alg)
+    if fmt is not E4M3 or alg != 1:
+        _unsupported(op, "dst_type=%r with scale_alg=%d (only float8_e4m3fn with scale_alg=1 is documented)"
+                     % (dst_type, alg))
+    check_mx_args(op, fmt, round_mode, alg, dst_type_max)
+    left, right = x.detach().float().chunk(2, -1)
+    act, other = (left, right) if activate_left else (right, left)
+    dy = y_grad.detach().float()
+    sig = torch.sigmoid(act)
+    d_act = dy * other * sig * (1 + act * (1 - sig))
+    d_other = dy * act * sig
+    grad = torch.cat([d_act, d_other] if activate_left else [d_other, d_act], -1).to(x.dtype)
+    y1, s1 = mx_quantize(grad, -1, fmt, alg)
+    if group_index is None:
+        y2, s2 = mx_quantize(grad, -2, fmt, alg)
+    else:
+        check(group_index.dim() == 1 and group_index.dtype == torch.int64, op,
+              "group_index must be a 1-D int64 tensor, got %d-D %s" % (group_index.dim(), group_index.dtype))
+        y2, s2 = grouped_rows_mx(grad, group_index, fmt, alg)
+    return y1, s1, y2, s2

@@ -92,10 +92,6 @@ def _mx_scale_shape(shape, axis, block=32):
     return shape
 
 
-def _check_dims(op, name, t, lo, hi):
-    _fail(lo <= t.dim() <= hi, op, "%s must be %d-D to %d-D, got %d-D" % (name, lo, hi, t.dim()))
-
-
 # ------------------------------------------------------------------ quantising norms
 
 
@@ -176,36 +172,6 @@ def npu_swiglu_group_quant_meta(x, *, weight=None, group_index=None, scale=None,
         y_scale = _new(x, list(group_index.shape) if group_index is not None else [1], torch.float32)
     y_origin = _new(x, half if output_origin else [0], x.dtype)
     return _new(x, half, torch.uint8), y_scale, y_origin
-
-
-def _dual_axis_scales(ref, shape, group_index, grouped_floor_only):
-    """mxscale1: last dim in blocks of 64; mxscale2: second-to-last dim in blocks of 64 (floor
-    plus G groups when grouped; ``grouped_floor_only`` = floor without groups too)."""
-    s1 = list(shape)
-    s1[-1] = -(-s1[-1] // 64)
-    s2 = list(shape)
-    if group_index is not None:
-        s2[-2] = s2[-2] // 64 + group_index.shape[0]
-    elif grouped_floor_only:
-        s2[-2] = s2[-2] // 64
-    else:
-        s2[-2] = -(-s2[-2] // 64)
-    return _new(ref, s1 + [2], torch.uint8), _new(ref, s2 + [2], torch.uint8)
-
-
-@meta("_npu_swiglu_backward_mx_quant_with_dual_axis")
-def _npu_swiglu_backward_mx_quant_with_dual_axis_meta(x, y_grad, *, group_index=None, activate_left=True,
-                                                       round_mode="rint", scale_alg=1, dst_type=24, dst_type_max=0):
-    """``(y1, mxscale1, y2, mxscale2)``: the SwiGLU input gradient (x's shape) MX-quantised along
-    the last axis and the second-to-last axis (blocks of 64; ceil without groups)."""
-    op = "_npu_swiglu_backward_mx_quant_with_dual_axis"
-    _fail(x.dim() >= 2, op, "The input x should be at least 2D")
-    _fail(list(y_grad.shape) == _half_dim(x.shape, -1), op,
-          "y_grad %s must be x %s with the last dim halved" % (tuple(y_grad.shape), tuple(x.shape)))
-    dt, per = _storage(op, "dst_type", dst_type)
-    y_shape = _packed(op, x.shape, per)
-    s1, s2 = _dual_axis_scales(x, x.shape, group_index, grouped_floor_only=False)
-    return _new(x, y_shape, dt), s1, _new(x, y_shape, dt), s2
 
 
 # ------------------------------------------------------------------ calibration / preprocessing
