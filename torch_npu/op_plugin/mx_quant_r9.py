@@ -1,7 +1,8 @@
 """Dynamic MX quantisation (OCP microscaling) to float8 and float4: npu_dynamic_mx_quant,
 npu_dynamic_mx_quant_with_dual_axis, npu_rms_norm_dynamic_mx_quant,
 npu_add_rms_norm_dynamic_mx_quant, npu_grouped_dynamic_mx_quant, npu_dynamic_block_mx_quant,
-npu_swiglu_mx_quant (each op's own rules are in the comment above it).
+npu_swiglu_mx_quant, npu_swiglu_mx_quant_with_dual_axis, _npu_swiglu_backward_mx_quant_with_dual_axis
+(each op's own rules are in the comment above it).
 
 Semantics from the CANN ops-nn docs (aclnnDynamicMxQuant, DynamicMxQuantWithDualAxis,
 aclnnRmsNormDynamicMxQuant, aclnnDynamicBlockMxQuant, aclnnSwigluMxQuant) and op-plugin /
