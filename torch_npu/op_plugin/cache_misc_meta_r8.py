@@ -1,5 +1,6 @@
-"""Meta kernels (output shapes and dtypes only) for the KV-cache, sampling, detection, RNN and
-runtime ops of ``torch.ops.npu`` that are not emulated: FakeTensor / torch.compile can trace
+"""Meta kernels (output shapes and dtypes only) for the KV-cache, sampling and runtime ops of
+``torch.ops.npu`` that are not emulated (the detection and RNN ops that were here are emulated
+since round 9): FakeTensor / torch.compile can trace
 through them, a real CPU/npu call still raises NotImplementedError naming the op.
 
 Shapes and dtypes follow the ops' torch_npu documentation and op-plugin's own output-size code
