@@ -33,19 +33,11 @@ import torch
 
 from torch_npu.op_plugin._common import acc, check, stat_dtype
 from torch_npu.op_plugin._registry import impl
+from torch_npu.op_plugin.norm import _norm_dims  # the trailing dims gamma covers
 
 __all__ = []
 
 _NORM_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
-
-
-def _norm_dims(op, x, gamma):
-    """The trailing dims of ``x`` that ``gamma`` covers (gamma's shape must equal them)."""
-    k = gamma.dim()
-    check(1 <= k <= x.dim(), op, "gamma must have 1..%d dims, got %d" % (x.dim(), k))
-    check(tuple(x.shape[x.dim() - k:]) == tuple(gamma.shape), op,
-          "gamma shape %s must equal the last %d dims of the input %s" % (tuple(gamma.shape), k, tuple(x.shape)))
-    return list(range(x.dim() - k, x.dim()))
 
 
 def _check_float(op, name, t):
