@@ -177,8 +177,9 @@ def ref_sinkhorn(mat, eps, iters):
         m = max(row)
         e = [math.exp(v - m) for v in row]
         z = sum(e)
-        y.append([v / z + eps for v in e])
-    norms, sums = [[r[:] for r in y]], [None]
+        y.append([v / z for v in e])
+    norms, sums = [[r[:] for r in y]], [None]  # norm[0]: the softmax itself
+    y = [[v + eps for v in r] for r in y]
 
     def col_step(y):
         c = [sum(y[i][j] for i in range(n)) + eps for j in range(n)]
@@ -215,6 +216,14 @@ def test_mhc_sinkhorn_bsnn(device):
             close(norm_out[:, :, :, bb, ss], torch.tensor(norms), torch.float32)
             close(sum_out[1:, :, bb, ss], torch.tensor(sums[1:]), torch.float32)
             assert torch.isnan(sum_out[0, :, bb, ss].cpu()).all()  # undefined by the formula
+    # the stored intermediates are what npu_mhc_sinkhorn_backward reads: fed back, they give
+    # exactly the autograd gradient of the forward (float64)
+    x64 = x.double().to(device).requires_grad_(True)
+    y64, norm64, sum64 = torch_npu.npu_mhc_sinkhorn(x64, eps=eps, num_iters=iters, out_flag=1)
+    g = rand((b, s, n, n), seed=22).double().to(device)
+    expected = torch.autograd.grad(y64, x64, g)[0]
+    got = torch.ops.npu.npu_mhc_sinkhorn_backward(g, norm64.detach(), sum64.detach())
+    torch.testing.assert_close(got.cpu(), expected.cpu(), rtol=1e-9, atol=1e-12)
     # the result is (nearly) doubly stochastic after enough iterations
     y20 = torch_npu.npu_mhc_sinkhorn(x.to(device))[0].cpu()
     torch.testing.assert_close(y20.sum(-1), torch.ones(b, s, n), atol=1e-2, rtol=0)

@@ -3,8 +3,8 @@ npu_mhc_post_backward.
 
 npu_mhc_sinkhorn, x [B, S, n, n] or [T, n, n] (documented formula):
 
-    norm[0] = softmax(x, -1) + eps
-    sum[1] = norm[0].sum(-2) + eps;        norm[1] = norm[0] / sum[1]        (columns)
+    norm[0] = softmax(x, -1)                                              (stored as is)
+    sum[1] = (norm[0] + eps).sum(-2) + eps; norm[1] = (norm[0] + eps) / sum[1]  (columns)
     for i in 1 .. num_iters-1:
         sum[2i] = norm[2i-1].sum(-1) + eps;  norm[2i] = norm[2i-1] / sum[2i]   (rows)
         sum[2i+1] = norm[2i].sum(-2) + eps;  norm[2i+1] = norm[2i] / sum[2i+1]
@@ -50,8 +50,11 @@ def npu_mhc_sinkhorn(x, *, eps=1e-6, num_iters=20, out_flag=0):
     check(x.dtype in (torch.float32, torch.float64), op, "x dtype must be float32, got %s" % x.dtype)
     check(1 <= num_iters <= 100, op, "num_iters must be in [1, 100], got %s" % num_iters)
     check(out_flag in (0, 1), op, "out_flag must be 0 or 1, got %s" % out_flag)
-    y = torch.softmax(x, dim=-1) + eps
-    norms, sums = [y], [None]
+    probs = torch.softmax(x, dim=-1)
+    y = probs + eps
+    # norm[0] holds the softmax itself: npu_mhc_sinkhorn_backward (op-plugin's golden) reads it as
+    # the softmax probabilities, so storing softmax + eps would skew every gradient by O(eps)
+    norms, sums = [probs], [None]
     col = y.sum(-2, keepdim=True) + eps
     y = y / col
     norms.append(y)
