@@ -83,11 +83,10 @@ def _alltoallv(x, group, send_counts, recv_counts, world, e):
     return out
 
 
-def _npu_alltoallv_gmm(shapes_only, gmm_x, gmm_weight, hcom, ep_world_size, send_counts, recv_counts, *,
-                       send_counts_tensor=None, recv_counts_tensor=None, mm_x=None, mm_weight=None,
-                       trans_gmm_weight=False, trans_mm_weight=False, permute_out_flag=False, comm_mode=None):
-    """See the module doc."""
-    op = "npu_alltoallv_gmm"
+def _prepare(op, gmm_x, gmm_weight, ep_world_size, send_counts, recv_counts, send_counts_tensor,
+             recv_counts_tensor, comm_mode, mm_x, mm_weight, trans_gmm_weight, trans_mm_weight):
+    """The checks both float ops share; returns (send_counts, recv_counts as ints, experts per rank,
+    the gmm weight as [e, H1, N], the shared-expert matmul's output or None)."""
     send_counts, recv_counts = [int(c) for c in send_counts], [int(c) for c in recv_counts]
     e = _check_common(op, gmm_x, gmm_weight, ep_world_size, send_counts, recv_counts,
                       (("send_counts_tensor", send_counts_tensor), ("recv_counts_tensor", recv_counts_tensor),
@@ -96,7 +95,34 @@ def _npu_alltoallv_gmm(shapes_only, gmm_x, gmm_weight, hcom, ep_world_size, send
           % (gmm_x.shape[0], sum(send_counts)))
     weight = _weight(gmm_weight, trans_gmm_weight)
     check(weight.shape[1] == gmm_x.shape[1], op, "H1 of gmm_x and gmm_weight differ")
-    mm_y = _shared(op, mm_x, mm_weight, trans_mm_weight, gmm_x)
+    return send_counts, recv_counts, e, weight, _shared(op, mm_x, mm_weight, trans_mm_weight, gmm_x)
+
+
+def _expert_major(recv_counts, world, e, device):
+    """Received rows arrive as blocks (rank r, expert j); returns the index that reorders them to
+    (expert j, rank r) and the rows per expert."""
+    order = [r * e + j for j in range(e) for r in range(world)]
+    index = torch.tensor(_blocks(recv_counts, order), dtype=torch.long, device=device)
+    return index, [sum(recv_counts[r * e + j] for r in range(world)) for j in range(e)]
+
+
+def _rank_major(send_counts, world, e, device):
+    """Grouped-matmul rows are blocks (expert j, rank r); returns the rows per expert and the index
+    that reorders them to (rank r, expert j), the order the exchange sends."""
+    sizes = [sum(send_counts[r * e + j] for r in range(world)) for j in range(e)]
+    block_counts = [send_counts[r * e + j] for j in range(e) for r in range(world)]
+    order = [j * world + r for r in range(world) for j in range(e)]
+    return sizes, torch.tensor(_blocks(block_counts, order), dtype=torch.long, device=device)
+
+
+def _npu_alltoallv_gmm(shapes_only, gmm_x, gmm_weight, hcom, ep_world_size, send_counts, recv_counts, *,
+                       send_counts_tensor=None, recv_counts_tensor=None, mm_x=None, mm_weight=None,
+                       trans_gmm_weight=False, trans_mm_weight=False, permute_out_flag=False, comm_mode=None):
+    """See the module doc."""
+    op = "npu_alltoallv_gmm"
+    send_counts, recv_counts, e, weight, mm_y = _prepare(
+        op, gmm_x, gmm_weight, ep_world_size, send_counts, recv_counts, send_counts_tensor, recv_counts_tensor,
+        comm_mode, mm_x, mm_weight, trans_gmm_weight, trans_mm_weight)
     a = sum(recv_counts)
     if shapes_only:  # the fake kernel: shapes only, no exchange
         permute = gmm_x.new_empty((a, gmm_x.shape[1]))
@@ -104,10 +130,8 @@ def _npu_alltoallv_gmm(shapes_only, gmm_x, gmm_weight, hcom, ep_world_size, send
     else:
         group = _world(op, hcom, ep_world_size)
         received = _alltoallv(gmm_x, group, send_counts, recv_counts, ep_world_size, e)
-        order = [r * e + j for j in range(e) for r in range(ep_world_size)]  # (rank, expert) -> (expert, rank)
-        index = torch.tensor(_blocks(recv_counts, order), dtype=torch.long, device=gmm_x.device)
+        index, sizes = _expert_major(recv_counts, ep_world_size, e, gmm_x.device)
         permute = received.index_select(0, index)
-        sizes = [sum(recv_counts[r * e + j] for r in range(ep_world_size)) for j in range(e)]
         gmm_y = _grouped_mm(permute, weight, sizes, gmm_x.dtype)
     return gmm_y, mm_y, permute if permute_out_flag else gmm_x.new_empty((0,))
 
@@ -117,25 +141,15 @@ def _npu_gmm_alltoallv(shapes_only, gmm_x, gmm_weight, hcom, ep_world_size, send
                        trans_gmm_weight=False, trans_mm_weight=False, comm_mode=None):
     """See the module doc."""
     op = "npu_gmm_alltoallv"
-    send_counts, recv_counts = [int(c) for c in send_counts], [int(c) for c in recv_counts]
-    e = _check_common(op, gmm_x, gmm_weight, ep_world_size, send_counts, recv_counts,
-                      (("send_counts_tensor", send_counts_tensor), ("recv_counts_tensor", recv_counts_tensor),
-                       ("comm_mode", comm_mode)))
-    check(sum(send_counts) == gmm_x.shape[0], op, "gmm_x has %d rows, send_counts sum to %d"
-          % (gmm_x.shape[0], sum(send_counts)))
-    weight = _weight(gmm_weight, trans_gmm_weight)
-    check(weight.shape[1] == gmm_x.shape[1], op, "H1 of gmm_x and gmm_weight differ")
-    mm_y = _shared(op, mm_x, mm_weight, trans_mm_weight, gmm_x)
+    send_counts, recv_counts, e, weight, mm_y = _prepare(
+        op, gmm_x, gmm_weight, ep_world_size, send_counts, recv_counts, send_counts_tensor, recv_counts_tensor,
+        comm_mode, mm_x, mm_weight, trans_gmm_weight, trans_mm_weight)
     if shapes_only:  # the fake kernel: shapes only, no exchange
         return gmm_x.new_empty((sum(recv_counts), weight.shape[2])), mm_y
     world = ep_world_size
     group = _world(op, hcom, world)
-    sizes = [sum(send_counts[r * e + j] for r in range(world)) for j in range(e)]
+    sizes, index = _rank_major(send_counts, world, e, gmm_x.device)
     gmm_y = _grouped_mm(gmm_x, weight, sizes, gmm_x.dtype)
-    # gmm rows are blocks (expert j, rank r); the exchange wants (rank r, expert j)
-    block_counts = [send_counts[r * e + j] for j in range(e) for r in range(world)]
-    order = [j * world + r for r in range(world) for j in range(e)]
-    index = torch.tensor(_blocks(block_counts, order), dtype=torch.long, device=gmm_x.device)
     unpermuted = gmm_y.index_select(0, index)
     return _alltoallv(unpermuted, group, send_counts, recv_counts, world, e), mm_y
 

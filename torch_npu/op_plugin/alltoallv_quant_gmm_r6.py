@@ -24,7 +24,7 @@ import torch
 from torch_npu.op_plugin._common import check
 from torch_npu.op_plugin._opaque_vjp import non_differentiable
 from torch_npu.op_plugin._registry import opaque
-from torch_npu.op_plugin.alltoallv_gmm_r4 import _alltoallv, _blocks
+from torch_npu.op_plugin.alltoallv_gmm_r4 import _alltoallv, _expert_major, _rank_major
 from torch_npu.op_plugin.comm_matmul import _world
 from torch_npu.op_plugin.quant import _dtype_arg
 from torch_npu.op_plugin.transpose_quant_matmul_r6 import _e8m0_values
@@ -145,11 +145,9 @@ def _npu_alltoallv_quant_gmm(shapes_only, gmm_x, gmm_weight, gmm_x_scale, gmm_we
         # float8 payloads travel as bytes; each row's scales travel with it
         received = _alltoallv(gmm_x.view(torch.uint8), group, send_counts, recv_counts, ep_world_size, e)
         received_scale = _alltoallv(gmm_x_scale.view(torch.uint8), group, send_counts, recv_counts, ep_world_size, e)
-        order = [r * e + j for j in range(e) for r in range(ep_world_size)]  # (rank, expert) -> (expert, rank)
-        index = torch.tensor(_blocks(recv_counts, order), dtype=torch.long, device=gmm_x.device)
+        index, sizes = _expert_major(recv_counts, ep_world_size, e, gmm_x.device)
         permute = received.index_select(0, index).view(gmm_x.dtype)
         permute_scale = received_scale.index_select(0, index).view(torch.float8_e8m0fnu)
-        sizes = [sum(recv_counts[r * e + j] for r in range(ep_world_size)) for j in range(e)]
         gmm_y = _grouped_mx(permute, permute_scale, gmm_weight, gmm_weight_scale, sizes, out_dtype)
     return gmm_y, mm_y, permute if permute_out_flag else gmm_x.new_empty((0,))
 
@@ -185,12 +183,8 @@ def _npu_quant_gmm_alltoallv(shapes_only, gmm_x, gmm_weight, gmm_x_scale, gmm_we
         return gmm_x.new_empty((sum(recv_counts), gmm_weight.shape[2]), dtype=out_dtype), mm_y
     world = ep_world_size
     group = _world(op, hcom, world)
-    sizes = [sum(send_counts[r * e + j] for r in range(world)) for j in range(e)]
+    sizes, index = _rank_major(send_counts, world, e, gmm_x.device)
     gmm_y = _grouped_mx(gmm_x, gmm_x_scale, gmm_weight, gmm_weight_scale, sizes, out_dtype)
-    # gmm rows are blocks (expert j, rank r); the exchange wants (rank r, expert j)
-    block_counts = [send_counts[r * e + j] for j in range(e) for r in range(world)]
-    order = [j * world + r for r in range(world) for j in range(e)]
-    index = torch.tensor(_blocks(block_counts, order), dtype=torch.long, device=gmm_x.device)
     return _alltoallv(gmm_y.index_select(0, index), group, send_counts, recv_counts, world, e), mm_y
 
 
