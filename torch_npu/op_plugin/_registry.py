@@ -105,6 +105,21 @@ def opaque(name, fake):
     return register
 
 
+def opaque_kernel(name, kernel):
+    """Register ``npu::<name>`` opaque from one ``kernel(shapes_only, *args, **kwargs)`` that runs
+    the same checks either way and, with ``shapes_only``, returns empty outputs of the right shapes
+    (the fake kernel) instead of computing. Returns the real kernel."""
+    def real(*args, **kwargs):
+        return kernel(False, *args, **kwargs)
+
+    def fake(*args, **kwargs):
+        return kernel(True, *args, **kwargs)
+
+    real.__name__ = real.__qualname__ = name
+    real.__doc__, real.__module__ = kernel.__doc__, kernel.__module__
+    return opaque(name, fake=fake)(real)
+
+
 def meta(name):
     """Decorator: ``fn`` computes the outputs of ``npu::<name>`` on Meta tensors (shapes and
     dtypes, as the real op documents them). Registered for the Meta key only while the op

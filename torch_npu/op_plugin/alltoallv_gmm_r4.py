@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from torch_npu.op_plugin._common import acc, check
-from torch_npu.op_plugin._registry import opaque
+from torch_npu.op_plugin._registry import opaque_kernel
 from torch_npu.op_plugin._opaque_vjp import recompute_autograd
 from torch_npu.op_plugin.comm_matmul import _world
 
@@ -158,24 +158,8 @@ def _npu_gmm_alltoallv(shapes_only, gmm_x, gmm_weight, hcom, ep_world_size, send
 # FakeTensors cannot do; under torch.compile the op stays one graph node running the kernel,
 # the fake kernel giving the shapes (no world-size check: no group is consulted). Autograd
 # recomputes the kernel's math (the exchange itself is not differentiated, as before).
-def _alltoallv_gmm_fake(*args, **kwargs):
-    return _npu_alltoallv_gmm(True, *args, **kwargs)
-
-
-@opaque("npu_alltoallv_gmm", fake=_alltoallv_gmm_fake)
-def npu_alltoallv_gmm(*args, **kwargs):
-    """See the module doc."""
-    return _npu_alltoallv_gmm(False, *args, **kwargs)
-
-
-def _gmm_alltoallv_fake(*args, **kwargs):
-    return _npu_gmm_alltoallv(True, *args, **kwargs)
-
-
-@opaque("npu_gmm_alltoallv", fake=_gmm_alltoallv_fake)
-def npu_gmm_alltoallv(*args, **kwargs):
-    """See the module doc."""
-    return _npu_gmm_alltoallv(False, *args, **kwargs)
+npu_alltoallv_gmm = opaque_kernel("npu_alltoallv_gmm", _npu_alltoallv_gmm)
+npu_gmm_alltoallv = opaque_kernel("npu_gmm_alltoallv", _npu_gmm_alltoallv)
 
 
 recompute_autograd("npu_alltoallv_gmm", npu_alltoallv_gmm)

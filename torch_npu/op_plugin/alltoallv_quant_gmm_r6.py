@@ -23,7 +23,7 @@ import torch
 
 from torch_npu.op_plugin._common import check
 from torch_npu.op_plugin._opaque_vjp import non_differentiable
-from torch_npu.op_plugin._registry import opaque
+from torch_npu.op_plugin._registry import opaque_kernel
 from torch_npu.op_plugin.alltoallv_gmm_r4 import _alltoallv, _expert_major, _rank_major
 from torch_npu.op_plugin.comm_matmul import _world
 from torch_npu.op_plugin.quant import _dtype_arg
@@ -190,24 +190,8 @@ def _npu_quant_gmm_alltoallv(shapes_only, gmm_x, gmm_weight, gmm_x_scale, gmm_we
 
 # Registered opaque, as npu_alltoallv_gmm (alltoallv_gmm_r4.py): the exchange needs real
 # tensors; the fake kernel gives the shapes. float8 inputs carry no gradient.
-def _alltoallv_quant_gmm_fake(*args, **kwargs):
-    return _npu_alltoallv_quant_gmm(True, *args, **kwargs)
-
-
-@opaque("npu_alltoallv_quant_gmm", fake=_alltoallv_quant_gmm_fake)
-def npu_alltoallv_quant_gmm(*args, **kwargs):
-    """See the module doc."""
-    return _npu_alltoallv_quant_gmm(False, *args, **kwargs)
-
-
-def _quant_gmm_alltoallv_fake(*args, **kwargs):
-    return _npu_quant_gmm_alltoallv(True, *args, **kwargs)
-
-
-@opaque("npu_quant_gmm_alltoallv", fake=_quant_gmm_alltoallv_fake)
-def npu_quant_gmm_alltoallv(*args, **kwargs):
-    """See the module doc."""
-    return _npu_quant_gmm_alltoallv(False, *args, **kwargs)
+npu_alltoallv_quant_gmm = opaque_kernel("npu_alltoallv_quant_gmm", _npu_alltoallv_quant_gmm)
+npu_quant_gmm_alltoallv = opaque_kernel("npu_quant_gmm_alltoallv", _npu_quant_gmm_alltoallv)
 
 
 non_differentiable("npu_alltoallv_quant_gmm", "npu_quant_gmm_alltoallv")

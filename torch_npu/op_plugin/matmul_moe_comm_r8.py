@@ -36,7 +36,7 @@ import torch.distributed as dist
 
 from torch_npu.op_plugin._common import check
 from torch_npu.op_plugin._opaque_vjp import non_differentiable
-from torch_npu.op_plugin._registry import opaque
+from torch_npu.op_plugin._registry import opaque_kernel
 from torch_npu.op_plugin.comm_matmul import _world
 
 __all__ = []
@@ -107,22 +107,8 @@ def _matmul_all_to_all(shapes_only, x1, x2, hcom, world_size, bias=None, all2all
     return _exchange(op, blocks, hcom, world_size).reshape(world_size * bs, width)
 
 
-def _all_to_all_matmul_fake(*args, **kwargs):
-    return _all_to_all_matmul(True, *args, **kwargs)
-
-
-@opaque("npu_all_to_all_matmul", fake=_all_to_all_matmul_fake)
-def npu_all_to_all_matmul(*args, **kwargs):
-    return _all_to_all_matmul(False, *args, **kwargs)
-
-
-def _matmul_all_to_all_fake(*args, **kwargs):
-    return _matmul_all_to_all(True, *args, **kwargs)
-
-
-@opaque("npu_matmul_all_to_all", fake=_matmul_all_to_all_fake)
-def npu_matmul_all_to_all(*args, **kwargs):
-    return _matmul_all_to_all(False, *args, **kwargs)
+npu_all_to_all_matmul = opaque_kernel("npu_all_to_all_matmul", _all_to_all_matmul)
+npu_matmul_all_to_all = opaque_kernel("npu_matmul_all_to_all", _matmul_all_to_all)
 
 
 _SCATTER_WORLDS = (2, 4, 8, 16, 32, 64)
@@ -243,22 +229,8 @@ def _all_gather_quant_mm(shapes_only, self, x2, hcom, world_size, *, bias=None, 
     return y, gathered if gather_output else x1.new_empty((0,)), None
 
 
-def _quant_mm_reduce_scatter_fake(*args, **kwargs):
-    return _quant_mm_reduce_scatter(True, *args, **kwargs)
-
-
-@opaque("npu_quant_mm_reduce_scatter", fake=_quant_mm_reduce_scatter_fake)
-def npu_quant_mm_reduce_scatter(*args, **kwargs):
-    return _quant_mm_reduce_scatter(False, *args, **kwargs)
-
-
-def _all_gather_quant_mm_fake(*args, **kwargs):
-    return _all_gather_quant_mm(True, *args, **kwargs)
-
-
-@opaque("npu_all_gather_quant_mm", fake=_all_gather_quant_mm_fake)
-def npu_all_gather_quant_mm(*args, **kwargs):
-    return _all_gather_quant_mm(False, *args, **kwargs)
+npu_quant_mm_reduce_scatter = opaque_kernel("npu_quant_mm_reduce_scatter", _quant_mm_reduce_scatter)
+npu_all_gather_quant_mm = opaque_kernel("npu_all_gather_quant_mm", _all_gather_quant_mm)
 
 
 non_differentiable("npu_all_to_all_matmul", "npu_matmul_all_to_all", "npu_quant_mm_reduce_scatter",
