@@ -39,6 +39,11 @@ def test_dtype_casts(device):
     assert torch_npu.npu_dtype_cast(x, torch.bfloat16).dtype == torch.bfloat16
     z = torch_npu.npu_dtype_cast(x, torch_npu.float16)
     assert z.dtype == torch.float16 and torch.equal(z.cpu(), x.cpu().half())
+    # float8 torch dtypes reach the int slot as ScalarType codes 23 / 24; torch_npu's constants too
+    for dt, code in ((torch.float8_e5m2, torch_npu.float8_e5m2), (torch.float8_e4m3fn, torch_npu.float8_e4m3fn)):
+        expected = x.cpu().to(dt).view(torch.uint8)
+        assert torch.equal(torch_npu.npu_dtype_cast(x, dt).cpu().view(torch.uint8), expected)
+        assert torch.equal(torch_npu.npu_dtype_cast(x, code).cpu().view(torch.uint8), expected)
     with pytest.raises(NotImplementedError, match="torch_npu.hifloat8"):
         torch_npu.npu_dtype_cast(x, torch_npu.hifloat8)
     assert torch_npu.npu_dtype_cast_backward(z, torch.float32).dtype == torch.float32

@@ -11,8 +11,7 @@ naming the argument. Outputs the real op leaves undefined are returned as None.
 import torch
 
 from torch_npu.op_plugin._registry import meta
-from torch_npu.op_plugin.quant import _CODE_TO_DTYPE
-from torch_npu.utils import _custom_dtype
+from torch_npu.op_plugin.quant import _decode_dtype, _dtype_name
 
 __all__ = []
 
@@ -25,18 +24,10 @@ def _dtype(op, argname, value, default):
     """torch.dtype of an int/torch.dtype dtype argument (``default`` when None)."""
     if value is None:
         return default
-    if isinstance(value, torch.dtype):
-        return value
-    code = int(value)
-    if _custom_dtype.is_custom_code(code):
-        dt = _custom_dtype.to_torch_dtype(code)
-        if dt is None:
-            raise NotImplementedError("%s: %s=%s has no torch dtype on the CPU-emulated NPU"
-                                      % (op, argname, _custom_dtype.code_name(code)))
-        return dt
-    dt = _CODE_TO_DTYPE.get(code)
+    dt = _decode_dtype(value)
     if dt is None:
-        raise NotImplementedError("%s: %s=%r is not a known dtype code" % (op, argname, value))
+        raise NotImplementedError("%s: %s=%s has no torch dtype on the CPU-emulated NPU"
+                                  % (op, argname, _dtype_name(value)))
     return dt
 
 

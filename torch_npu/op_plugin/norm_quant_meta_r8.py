@@ -17,6 +17,7 @@ scales in uint8. A value the adapters do not map raises ``NotImplementedError`` 
 import torch
 
 from torch_npu.op_plugin._registry import meta
+from torch_npu.op_plugin.quant import _decode_dtype
 from torch_npu.utils import _custom_dtype
 
 __all__ = []
@@ -61,10 +62,7 @@ def _storage(op, argname, value):
         return torch.int32, 8
     if code in _BYTE_CODES:
         return torch.uint8, 1
-    if code is not None and _custom_dtype.is_custom_code(code):
-        dt = _custom_dtype.to_torch_dtype(code)
-    else:
-        dt = _SCALAR_TYPE_CODES.get(code)
+    dt = None if code is None else _decode_dtype(code)
     if dt is None:
         _unsupported(op, "%s=%r" % (argname, value))
     return dt, 1

@@ -26,13 +26,15 @@ def _code(dtype):
     return {torch.uint8: 0, torch.int8: 1, torch.int16: 2, torch.int32: 3, torch.int64: 4,
             torch.float16: 5, torch.float32: 6, torch.float64: 7, torch.bool: 11,
             torch.qint8: 12, torch.quint8: 13, torch.qint32: 14, torch.bfloat16: 15,
-            torch.quint4x2: 16}[dtype]
+            torch.quint4x2: 16, torch.float8_e5m2: 23, torch.float8_e4m3fn: 24,
+            torch.float8_e8m0fnu: 44, torch.float4_e2m1fn_x2: 45}[dtype]
 
 
 _CODE_TO_DTYPE = {}
 for _dt in (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
             torch.float32, torch.float64, torch.bool, torch.qint8, torch.quint8, torch.qint32,
-            torch.bfloat16, torch.quint4x2):
+            torch.bfloat16, torch.quint4x2, torch.float8_e5m2, torch.float8_e4m3fn, torch.float8_e8m0fnu,
+            torch.float4_e2m1fn_x2):
     _CODE_TO_DTYPE[_code(_dt)] = _dt
 
 
@@ -40,19 +42,30 @@ def _unsupported(op, what):
     raise NotImplementedError("%s: %s is not supported by the CPU-emulated NPU" % (op, what))
 
 
+def _decode_dtype(value):
+    """A dtype argument as a torch.dtype: a torch.dtype, a ScalarType code (what a torch.dtype
+    becomes in an ``int`` schema slot) or a ``torch_npu.<dtype>`` constant (hifloat8 ...). None when
+    PyTorch has no such dtype."""
+    if isinstance(value, torch.dtype):
+        return value
+    code = int(value)
+    if _custom_dtype.is_custom_code(code):
+        return _custom_dtype.to_torch_dtype(code)
+    return _CODE_TO_DTYPE.get(code)
+
+
+def _dtype_name(value):
+    """How an error message names a dtype argument (``torch_npu.hifloat8`` for the constants)."""
+    if not isinstance(value, torch.dtype) and _custom_dtype.is_custom_code(int(value)):
+        return _custom_dtype.code_name(int(value))
+    return repr(value)
+
+
 def _dtype_arg(op, argname, value, allowed):
     """Map an int/torch.dtype argument to a torch.dtype in ``allowed`` or raise NotImplementedError."""
-    if isinstance(value, torch.dtype):
-        dt = value
-    elif _custom_dtype.is_custom_code(int(value)):  # torch_npu.float8_e4m3fn, .hifloat8 ...
-        dt = _custom_dtype.to_torch_dtype(int(value))
-        if dt is None or dt not in allowed:
-            _unsupported(op, "%s=%s (supported: %s)" % (argname, _custom_dtype.code_name(int(value)),
-                                                        ", ".join(str(a) for a in allowed)))
-    else:
-        dt = _CODE_TO_DTYPE.get(int(value))
+    dt = _decode_dtype(value)
     if dt is None or dt not in allowed:
-        _unsupported(op, "%s=%r (supported: %s)" % (argname, value, ", ".join(str(a) for a in allowed)))
+        _unsupported(op, "%s=%s (supported: %s)" % (argname, _dtype_name(value), ", ".join(str(a) for a in allowed)))
     return dt
 
 

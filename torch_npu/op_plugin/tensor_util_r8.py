@@ -28,8 +28,7 @@ import torch
 
 from torch_npu.op_plugin._common import acc, check
 from torch_npu.op_plugin._registry import impl, meta
-from torch_npu.op_plugin.quant import _CODE_TO_DTYPE
-from torch_npu.utils import _custom_dtype
+from torch_npu.op_plugin.quant import _decode_dtype, _dtype_name
 
 __all__ = []
 
@@ -49,13 +48,9 @@ def _reduce_grad(op, grad_output, elementwise, reduction, numel):
 
 
 def _dtype_of(op, value):
-    if isinstance(value, torch.dtype):
-        return value
-    code = int(value)
-    dt = _custom_dtype.to_torch_dtype(code) if _custom_dtype.is_custom_code(code) else _CODE_TO_DTYPE.get(code)
+    dt = _decode_dtype(value)
     if dt is None:
-        name = _custom_dtype.code_name(code) if _custom_dtype.is_custom_code(code) else str(code)
-        raise NotImplementedError("%s: dtype %s has no torch dtype on the CPU-emulated NPU" % (op, name))
+        raise NotImplementedError("%s: dtype %s has no torch dtype on the CPU-emulated NPU" % (op, _dtype_name(value)))
     return dt
 
 
