@@ -47,20 +47,18 @@ def is_custom_code(value):
     return isinstance(value, int) and value >= ACL_OFFSET
 
 
+_NAME_OF_CODE = {code: name for name, code in CODES.items()}
+
+
 def code_name(value):
     """``'torch_npu.<name>'`` for a DType code, as the real error messages print it."""
-    for name, code in CODES.items():
-        if code == value:
-            return "torch_npu." + name
-    return "Unknown dtype"
+    name = _NAME_OF_CODE.get(value)
+    return "Unknown dtype" if name is None else "torch_npu." + name
 
 
 def to_torch_dtype(value):
     """The torch.dtype a DType code stands for, or None when PyTorch has no such dtype."""
-    for name, code in CODES.items():
-        if code == value:
-            return _TORCH_EQUIVALENT.get(name)
-    return None
+    return _TORCH_EQUIVALENT.get(_NAME_OF_CODE.get(value))
 
 
 DType = type("DType", (), dict(CODES, __doc__="torch_npu's integer dtype constants "
