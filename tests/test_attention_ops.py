@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import torch_npu
-from torch_npu.op_plugin import attention_flash
+from torch_npu.op_plugin.attention import flash as attention_flash
 
 DEVICES = ["cpu", "npu"]
 FWD_TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (2e-2, 2e-2)}

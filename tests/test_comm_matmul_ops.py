@@ -1,4 +1,4 @@
-"""Matmul + collective ops (torch_npu/op_plugin/comm_matmul.py): single-rank semantics against
+"""Matmul + collective ops (torch_npu/op_plugin/comm/matmul_collectives.py): single-rank semantics against
 float64 references, autograd, meta shapes, and a 2-process gloo run for the real collectives."""
 import os
 import socket

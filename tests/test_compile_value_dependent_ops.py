@@ -387,7 +387,7 @@ def test_comm_matmul_one_rank_traces_its_math():
 
 def test_comm_matmul_multi_rank_shapes_but_no_graph(monkeypatch):
     from torch.fx.experimental.proxy_tensor import make_fx
-    from torch_npu.op_plugin import comm_matmul
+    from torch_npu.op_plugin.comm import matmul_collectives as comm_matmul
     # a stand-in two-rank group: shape inference answers, but the collective must not be
     # silently left out of a graph being built
     monkeypatch.setattr(comm_matmul, "_group", lambda op, hcom: object())

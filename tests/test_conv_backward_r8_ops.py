@@ -1,5 +1,5 @@
 """Convolution ops and the backward ops of convolution, matmul, FFT, gather, max/min,
-repeat_interleave and renorm (torch_npu/op_plugin/conv_backward_r8.py).
+repeat_interleave and renorm (torch_npu/op_plugin/conv/convolution.py).
 
 Every reference is PyTorch's own autograd of the forward function on CPU tensors in float64.
 """

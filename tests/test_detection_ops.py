@@ -1,4 +1,4 @@
-"""Detection / indexing ops (torch_npu/op_plugin/detection.py).
+"""Detection / indexing ops (torch_npu/op_plugin/detection/boxes.py).
 
 References are written here in float64 / plain Python loops from the documented formulas,
 never by calling the implementation; documented examples are checked verbatim.

@@ -1,4 +1,4 @@
-"""Float-status ops (torch_npu/op_plugin/float_status.py): 8-element float32 status, the
+"""Float-status ops (torch_npu/op_plugin/training/float_status.py): 8-element float32 status, the
 emulated register shared with torch.npu's overflow-flag APIs. Written on torch_npu.testing's
 TestCase, as the real project's op tests are."""
 import numpy as np

@@ -1,4 +1,4 @@
-"""MoE ops on the CPU-emulated NPU (torch_npu/op_plugin/moe.py).
+"""MoE ops on the CPU-emulated NPU (torch_npu/op_plugin/moe/routing.py).
 
 Each op is checked against an independent float64 reference written here with plain
 Python loops over tokens / experts from the documented formulas (never calling the

@@ -1,4 +1,4 @@
-"""Round-9 MX quantisation ops (torch_npu/op_plugin/mx_quant_r9.py).
+"""Round-9 MX quantisation ops (torch_npu/op_plugin/quant/mx_quant.py).
 
 The reference below is written from the CANN ops-nn docs / op-plugin goldens, in plain
 Python floats (float64), one block at a time: shared exponent per block, element =

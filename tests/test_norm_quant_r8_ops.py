@@ -599,8 +599,9 @@ def test_meta_only_ops_still_raise(name, call, device):
 
 
 def test_meta_only_cases_cover_every_meta_kernel():
-    from torch_npu.op_plugin import _registry, norm_quant_meta_r8
-    mine = {n for n, f in _registry.META.items() if f.__module__ == norm_quant_meta_r8.__name__}
+    from torch_npu.op_plugin import _registry
+    from torch_npu.op_plugin.quant import meta_only as quant_meta_only
+    mine = {n for n, f in _registry.META.items() if f.__module__ == quant_meta_only.__name__}
     assert mine == {c[0] for c in META_ONLY_CASES}
 
 
@@ -608,8 +609,9 @@ def test_every_meta_kernel_has_the_schema_signature():
     """Positional/keyword names, kwarg-only flags and defaults equal the registered schema's
     (the dispatcher passes arguments by schema position)."""
     import inspect
-    from torch_npu.op_plugin import _registry, norm_quant_meta_r8
-    fns = {n: f for n, f in _registry.META.items() if f.__module__ == norm_quant_meta_r8.__name__}
+    from torch_npu.op_plugin import _registry
+    from torch_npu.op_plugin.quant import meta_only as quant_meta_only
+    fns = {n: f for n, f in _registry.META.items() if f.__module__ == quant_meta_only.__name__}
     assert len(fns) == len({c[0] for c in META_ONLY_CASES})
     for name, fn in fns.items():
         schema = getattr(torch.ops.npu, _registry.base_name(name)).default._schema

@@ -1,4 +1,4 @@
-"""Quantisation ops (torch_npu/op_plugin/quant.py): npu_quantize, npu_anti_quant,
+"""Quantisation ops (torch_npu/op_plugin/quant/quantize.py): npu_quantize, npu_anti_quant,
 npu_dynamic_quant, npu_dynamic_quant_asymmetric, npu_quant_matmul,
 npu_weight_quant_batchmatmul.
 

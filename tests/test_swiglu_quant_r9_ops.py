@@ -1,4 +1,4 @@
-"""Round-9 swiglu-quant / dequant ops (torch_npu/op_plugin/swiglu_quant_r9.py).
+"""Round-9 swiglu-quant / dequant ops (torch_npu/op_plugin/quant/swiglu_quant.py).
 
 References are written here from the op-plugin goldens / CANN kernel formulas in float64 with
 explicit per-row / per-group loops on CPU tensors; the emulation computes in float32, so int8

@@ -1,5 +1,5 @@
 """npu_pad, npu_indexing, npu_conv3d, npu_sim_exponential_, npu_prefetch,
-empty_with_swapped_memory (torch_npu/op_plugin/tensor_ops.py) against references written here."""
+empty_with_swapped_memory (torch_npu/op_plugin/tensor/pad_index.py) against references written here."""
 import math
 
 import pytest

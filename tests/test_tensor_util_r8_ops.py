@@ -1,4 +1,4 @@
-"""Internal tensor, loss-gradient, dtype and optimizer ops (torch_npu/op_plugin/tensor_util_r8.py).
+"""Internal tensor, loss-gradient, dtype and optimizer ops (torch_npu/op_plugin/tensor/dtype_copy.py).
 
 References: PyTorch autograd of the loss functions on CPU in float64, the op-plugin goldens
 re-written here as loops, and formulas written out in the tests.

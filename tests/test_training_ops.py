@@ -1,4 +1,4 @@
-"""Training ops (torch_npu/op_plugin/training.py): npu_cross_entropy_loss (+ backward),
+"""Training ops (torch_npu/op_plugin/training/losses_optim.py): npu_cross_entropy_loss (+ backward),
 npu_bert_apply_adam (+ .out), npu_apply_adam_w (+ .out), _npu_dropout,
 npu_dropout_backward, npu_dropout_do_mask.
 

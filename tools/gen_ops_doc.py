@@ -66,12 +66,13 @@ def render():
     lines += [
         "## Emulated operators",
         "",
-        "| overload | public | module | semantics |",
+        "| overload | public | family/module | semantics |",
         "|---|:-:|---|---|",
     ]
     for name in sorted(implemented):
         fn = implemented[name]
-        module = fn.__module__.rsplit(".", 1)[-1]
+        # family/module under torch_npu/op_plugin, e.g. attention/fusion
+        module = fn.__module__.split("op_plugin.", 1)[-1].replace(".", "/")
         public = "yes" if defined[name][0] else ""
         lines.append("| `%s` | %s | `%s` | %s |" % (name, public, module, _one_line(fn.__doc__)))
     lines.append("")

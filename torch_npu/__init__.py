@@ -88,7 +88,7 @@ from torch_npu.utils import _custom_dtype  # noqa: E402
 
 _custom_dtype.install(torch_npu)
 import torch_npu.op_plugin  # noqa: E402,F401
-from torch_npu.op_plugin.formats import Format  # noqa: E402,F401
+from torch_npu.op_plugin.tensor.formats import Format  # noqa: E402,F401
 import torch_npu.optim  # noqa: E402,F401
 import torch_npu.distributed  # noqa: E402,F401  (registers the hccl backend)
 from torch_npu.npu.amp.sharded_grad_scaler import _ShardedGradScaler  # noqa: E402,F401

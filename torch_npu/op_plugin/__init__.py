@@ -2,7 +2,8 @@
 
 Importing this package (``import torch_npu`` does) defines all custom-op schemas
 in the ``npu`` namespace, registers the emulated implementations (every public
-module of this package is a family: ``norm``, ``activation``, ``attention``, …; each a
+sub-package of this package is a family: ``norm``, ``activation``, ``attention``, …,
+whose modules each hold one op or op group; every op a
 CompositeImplicitAutograd kernel of ATen ops, so CPU and npu tensors, Meta /
 FakeTensor and autograd all work), gives every other op kernels that raise
 ``NotImplementedError``, and exports ``torch_npu.<op>``, ``torch_npu.__all__``
@@ -14,14 +15,15 @@ from torch_npu.op_plugin import _registry
 _registry.define_all()
 
 def _import_families():
-    """Import every family module (public module names in this package); each
-    registers its kernels at import. Done before the not-emulated stubs so
-    that implemented ops keep their kernels."""
+    """Import every family sub-package (``attention``, ``moe``, ``quant``, …) and each of its
+    public modules (one op or op group each), in name order; each module registers its
+    kernels at import. Done before the not-emulated stubs so that implemented ops keep
+    their kernels."""
     import importlib
     import pkgutil
-    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
-        if not info.name.startswith("_"):
-            importlib.import_module(f"{__name__}.{info.name}")
+    for info in sorted(pkgutil.walk_packages(__path__, prefix=__name__ + "."), key=lambda m: m.name):
+        if not any(part.startswith("_") for part in info.name.split(".")[2:]):
+            importlib.import_module(info.name)
 
 
 _import_families()

@@ -26,3 +26,24 @@ def fresh(t):
 
 def check(cond, op, message):
     torch._check(cond, lambda: "%s: %s" % (op, message))
+
+
+def symbolic(t):
+    """True for tensors that carry shapes only (meta, FakeTensor, functional tracing)."""
+    if t.device.type == "meta":
+        return True
+    from torch._subclasses.fake_tensor import is_fake
+    return is_fake(t)
+
+
+def building_graph():
+    """True while a graph is recorded: a TracingContext (Dynamo, AOTAutograd, export) or a proxy mode (make_fx)."""
+    from torch._guards import TracingContext
+    from torch.fx.experimental.proxy_tensor import get_proxy_mode
+    return TracingContext.try_get() is not None or get_proxy_mode() is not None
+
+
+def unsupported(op, arg):
+    """Raise NotImplementedError for an argument value (or combination) ``arg`` that op ``op``
+    accepts on hardware but the CPU-emulated NPU does not emulate: one wording for every op."""
+    raise NotImplementedError("%s: %s is not supported by the CPU-emulated NPU" % (op, arg))

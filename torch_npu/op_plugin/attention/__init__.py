@@ -1,0 +1,1 @@
+"""Attention ops: flash / fusion attention (training and inference, + graph-mode variants and workspaces), sparse, block-sparse and quantised sparse attention, lightning indexer, NSA, MHC, gated delta rule, MLA prolog, ring attention update, fused attention score, and their shared layout, mask and dropout helpers."""

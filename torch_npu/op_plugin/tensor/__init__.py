@@ -1,0 +1,1 @@
+"""Tensor ops: storage formats, dtype casts, copies, views, reshapes, pads, indexing, transposes and the shape-level ops."""
