@@ -16,7 +16,7 @@ all zeros when ``softmax_lse_flag`` is 0 (the kernel leaves it unwritten).
 
 Layouts: TND ([T, N, D], ``actual_seq_lengths(_kv)`` are per-batch lengths summing to T,
 required), BNSD and BSND ([B, N, S, D] / [B, S, N, D], optional lengths <= S). The work
-runs on the chunked FlashAttention engine of ``attention_flash``: one (batch) segment at a
+runs on the chunked FlashAttention engine of ``attention.flash``: one (batch) segment at a
 time, at most one block of query rows' logits and of the expanded element mask alive.
 Computed in float32 for float16/bfloat16 (inner_precise 0 and 1 alike; 1 is fp16 softmax
 on the NPU, only less precise), in float64 for float64.
@@ -130,7 +130,7 @@ class _Geometry:
 
 
 class _BlockRule:
-    """The mask of one batch for attention_flash: True where the logit is dropped."""
+    """The mask of one batch for attention.flash: True where the logit is dropped."""
 
     def __init__(self, dropped, block_x, block_y, s2):
         self.dropped, self.block_x, self.block_y, self.s2 = dropped, block_x, block_y, s2

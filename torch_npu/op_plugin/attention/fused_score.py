@@ -22,15 +22,11 @@ kernels compute in float16 only).
 """
 import torch
 
-from torch_npu.op_plugin._common import acc, check
+from torch_npu.op_plugin._common import acc, check, unsupported
 from torch_npu.op_plugin._registry import impl
 from torch_npu.op_plugin.training.losses_optim import _gen_keep, _pack, _unpack
 
 __all__ = []
-
-
-def _unsupported(op, what):
-    raise NotImplementedError("%s: %s is not supported by the CPU-emulated NPU" % (op, what))
 
 
 def _byte_mask_len(numel):
@@ -66,7 +62,7 @@ def npu_dropout_with_add_softmax(self, x1, alpha, prob, dim):
     check(self.shape == x1.shape, op, "self and x1 must have the same shape, got %s and %s"
           % (tuple(self.shape), tuple(x1.shape)))
     if not 0.0 <= prob <= 1.0:
-        _unsupported(op, "prob=%r (must be in [0, 1])" % (prob,))
+        unsupported(op, "prob=%r (must be in [0, 1])" % (prob,))
     mask = _byte_keep(self.numel(), prob, self.device)
     soft = torch.softmax(acc(x1) + acc(self) * alpha, dim)
     out = _apply_keep(soft, mask[:self.numel()], 1.0 - prob)
@@ -93,7 +89,7 @@ def npu_dropout_with_add_softmax_backward(grad, mask, softmax_out, alpha, prob, 
 
 def _fas_checks(op, q, k, v, flags):
     if any(flags):
-        _unsupported(op, "the transpose flags (their layouts are not documented; all must be False)")
+        unsupported(op, "the transpose flags (their layouts are not documented; all must be False)")
     check(q.dim() == 4, op, "query_layer must be 4-D (B, N, S, D), got %d-D" % q.dim())
     check(k.shape == q.shape and v.shape == q.shape, op,
           "key_layer and value_layer must have the shape of query_layer %s, got %s and %s"
@@ -103,7 +99,7 @@ def _fas_checks(op, q, k, v, flags):
 def _fas_forward(op, q, k, v, mask, scale, keep_prob, flags):
     _fas_checks(op, q, k, v, flags)
     if not 0.0 <= keep_prob <= 1.0:
-        _unsupported(op, "keep_prob=%r (must be in [0, 1])" % (keep_prob,))
+        unsupported(op, "keep_prob=%r (must be in [0, 1])" % (keep_prob,))
     b, n, s, d = q.shape
     probs = torch.softmax(acc(q) @ acc(k).transpose(-1, -2) * scale + acc(mask), -1)
     drop_mask = torch.ones(probs.numel(), dtype=torch.uint8, device=q.device) if keep_prob == 1.0 \
@@ -216,7 +212,7 @@ def npu_multi_head_attention(query, key, value, query_weight, key_weight, value_
     check(all(x % 16 == 0 for x in (tgt_len, src_len, attn_head_num, attn_dim_per_head)), op,
           "tgt_len, src_len, attn_head_num, attn_dim_per_head should align to 16.")
     if not 0.0 <= dropout_prob < 1.0:
-        _unsupported(op, "dropout_prob=%r (must be in [0, 1))" % (dropout_prob,))
+        unsupported(op, "dropout_prob=%r (must be in [0, 1))" % (dropout_prob,))
     e = attn_head_num * attn_dim_per_head
     check(query.dim() == 2 and query.size(1) == e and query.size(0) % tgt_len == 0, op,
           "query must be (B*tgt_len, %d), got %s" % (e, tuple(query.shape)))

@@ -3,7 +3,7 @@ backward npu_fusion_attention_grad, and the _v2 pair.
 
 ``y = Softmax(Mask(scale * (pse + q @ k^T), atten_mask))``, ``attention_out =
 Dropout(y, keep_prob) @ v`` (v2 with ``pse_type=0``: ``scale * q @ k^T + pse``), on the
-chunked engine of ``attention_flash`` (at most one block of logits alive, as a flash
+chunked engine of ``attention.flash`` (at most one block of logits alive, as a flash
 kernel), with the layouts of ``attention_layout`` (BSH, SBH, BSND, BNSD, TND varlen), the
 sparse modes of ``attention_masks`` (0-8) and the (seed, offset) dropout of
 ``attention_dropout``. Autograd runs through an ``autograd.Function`` whose backward is the
@@ -13,12 +13,10 @@ log-sum-exp, the dropout mask regenerated from seed/offset).
 import torch
 from torch.autograd.function import once_differentiable
 
-from torch_npu.op_plugin._common import acc, check
+from torch_npu.op_plugin._common import acc, check, unsupported
 from torch_npu.op_plugin._registry import impl
 from torch_npu.op_plugin.attention import flash as flash
 from torch_npu.op_plugin.attention.dropout_mask import draw_seed_offset
-from torch_npu.op_plugin.attention.flash import from_bnsd as _from_bnsd  # noqa: F401  (attention_infer)
-from torch_npu.op_plugin.attention.flash import to_bnsd as _to_bnsd  # noqa: F401
 from torch_npu.op_plugin.attention.layout import Plan
 
 __all__ = []
@@ -26,14 +24,10 @@ __all__ = []
 _MAX_TOKENS = 2147483647
 
 
-def _unsupported(op, what):
-    raise NotImplementedError("%s: %s is not emulated on the CPU-emulated NPU" % (op, what))
-
-
 def _reject(op, **kwargs):
     for arg, val in kwargs.items():
         if val is not None:
-            _unsupported(op, "argument %s" % arg)
+            unsupported(op, "argument %s" % arg)
 
 
 def _check_keep_prob(op, keep_prob):
@@ -171,7 +165,7 @@ def npu_fusion_attention_grad(query, key, value, dy, head_num, input_layout, pse
 
 def _check_pse_type(op, pse_type, query_rope, key_rope):
     if pse_type in (2, 3):
-        _unsupported(op, "pse_type %d (alibi generated from slopes)" % pse_type)
+        unsupported(op, "pse_type %d (alibi generated from slopes)" % pse_type)
     check(pse_type in (0, 1), op, "pse_type must be in 0-3, got %d" % pse_type)
     _reject(op, query_rope=query_rope, key_rope=key_rope)
 

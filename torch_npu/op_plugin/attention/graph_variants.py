@@ -16,7 +16,7 @@
 """
 import torch
 
-from torch_npu.op_plugin._common import check
+from torch_npu.op_plugin._common import check, unsupported
 from torch_npu.op_plugin._registry import impl
 
 __all__ = []
@@ -321,7 +321,7 @@ def _fia_v2(args):
     op = "npu_fused_infer_attention_score_v2"
     for name in _V2_QUANT_ARGS:
         if args[name] is not None:
-            raise NotImplementedError("%s: argument %s is not emulated on the CPU-emulated NPU" % (op, name))
+            unsupported(op, "argument %s" % name)
     _no_dtype_codes(op, **{name: args[name] for name in _V2_DTYPE_ARGS})
     for name in ("query_quant_mode", "key_quant_mode", "value_quant_mode"):
         if args[name] != 0:

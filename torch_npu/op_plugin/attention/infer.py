@@ -9,7 +9,7 @@ NotImplementedError naming the argument.
 """
 import torch
 
-from torch_npu.op_plugin._common import acc, check
+from torch_npu.op_plugin._common import acc, check, unsupported
 from torch_npu.op_plugin._registry import impl
 from torch_npu.op_plugin.attention.flash import from_bnsd as _from_bnsd, to_bnsd as _to_bnsd
 
@@ -18,19 +18,15 @@ __all__ = []
 _MAX_TOKENS = 2147483647
 
 
-def _unsupported(op, what):
-    raise NotImplementedError("%s: %s is not emulated on the CPU-emulated NPU" % (op, what))
-
-
 def _reject(op, **kwargs):
     for arg, val in kwargs.items():
         if val is not None:
-            _unsupported(op, "argument %s" % arg)
+            unsupported(op, "argument %s" % arg)
 
 
 def _split(op, query, key, value, num_heads, num_kv_heads, layout, layouts):
     if layout not in layouts:
-        _unsupported(op, "input_layout %r (supported: %s)" % (layout, ", ".join(layouts)))
+        unsupported(op, "input_layout %r (supported: %s)" % (layout, ", ".join(layouts)))
     check(num_heads > 0, op, "num_heads must be positive, got %d" % num_heads)
     check(query.dtype == key.dtype == value.dtype, op, "query, key and value must have one dtype")
     n_kv = num_heads if num_kv_heads == 0 else num_kv_heads
@@ -59,7 +55,7 @@ def _split_paged(op, query, key, value, block_table, block_size, num_heads, num_
                  lengths):
     """Like _split for page attention: query in ``layout``, key/value caches of blocks."""
     if layout not in layouts:
-        _unsupported(op, "input_layout %r (supported: %s)" % (layout, ", ".join(layouts)))
+        unsupported(op, "input_layout %r (supported: %s)" % (layout, ", ".join(layouts)))
     check(num_heads > 0, op, "num_heads must be positive, got %d" % num_heads)
     n_kv = num_heads if num_kv_heads == 0 else num_kv_heads
     check(num_heads % n_kv == 0, op, "num_heads %d is not a multiple of num_key_value_heads %d" % (num_heads, n_kv))
@@ -189,7 +185,7 @@ def _band(mask, s1, s2, pre_tokens, next_tokens, device):
 def _prompt(op, query, key, value, atten_mask, actual_seq_lengths_kv, num_heads, scale, pre_tokens,
             next_tokens, layout, num_kv_heads, sparse_mode, layouts, block_table=None, block_size=0):
     if sparse_mode != 0:
-        _unsupported(op, "sparse_mode %d (supported: 0)" % sparse_mode)
+        unsupported(op, "sparse_mode %d (supported: 0)" % sparse_mode)
     if block_table is None:
         q, k, v = _split(op, query, key, value, num_heads, num_kv_heads, layout, layouts)
     else:
@@ -262,7 +258,7 @@ def npu_incre_flash_attention(query, key, value, padding_mask=None, atten_mask=N
             quant_offset2=quant_offset2)
     layouts = ("BSH", "BSND", "BNSD")
     if block_table is not None and kv_padding_size is not None:
-        _unsupported(op, "kv_padding_size with block_table")
+        unsupported(op, "kv_padding_size with block_table")
     if block_table is None:
         q, k, v = _split(op, query, key, value, num_heads, num_key_value_heads, input_layout, layouts)
     else:
@@ -323,7 +319,7 @@ def npu_fused_infer_attention_score(query, key, value, pse_shift=None, atten_mas
     for arg, val in (("antiquant_mode", antiquant_mode), ("key_antiquant_mode", key_antiquant_mode),
                      ("value_antiquant_mode", value_antiquant_mode)):
         if val != 0:
-            _unsupported(op, "%s %d" % (arg, val))
+            unsupported(op, "%s %d" % (arg, val))
     out, lse = _prompt(op, query, key, value, atten_mask, actual_seq_lengths_kv, num_heads, scale, pre_tokens,
                        next_tokens, input_layout, num_key_value_heads, sparse_mode, ("BSH", "BSND", "BNSD"),
                        block_table, block_size)

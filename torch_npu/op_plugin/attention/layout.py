@@ -1,7 +1,7 @@
 """From npu_fusion_attention's arguments to engine segments, and back to its layouts.
 
 ``Plan`` validates the arguments (with torch_npu's own error texts where known), then
-cuts query / key / value (and dy, out, gradients) into ``attention_flash.Segment`` views:
+cuts query / key / value (and dy, out, gradients) into ``attention.flash.Segment`` views:
 
 * BSH / SBH / BSND / BNSD: one segment [B, N, S, D] for the whole batch;
 * TND (varlen): one segment [1, N, S_b, D] per batch b, rows ``[ends[b-1], ends[b])`` of
@@ -10,17 +10,13 @@ cuts query / key / value (and dy, out, gradients) into ``attention_flash.Segment
 """
 import torch
 
-from torch_npu.op_plugin._common import check
+from torch_npu.op_plugin._common import check, unsupported
 from torch_npu.op_plugin.attention.flash import Segment, from_bnsd, to_bnsd
 from torch_npu.op_plugin.attention.masks import SegmentMask
 
 __all__ = []
 
 LAYOUTS = ("BSH", "SBH", "BSND", "BNSD", "TND")
-
-
-def _not_emulated(op, what):
-    raise NotImplementedError("%s: %s is not emulated on the CPU-emulated NPU" % (op, what))
 
 
 def _ranges(op, ends, what, total):
@@ -96,7 +92,7 @@ class Plan:
             check(1 <= pse.dim() <= 4, op, "pse must be 1-D to 4-D, got %d-D" % pse.dim())
             shape = (1,) * (4 - pse.dim()) + tuple(pse.shape)
             if shape[2] not in (1, s1):
-                _not_emulated(op, "the compressed alibi pse (%d rows for S1 = %d)" % (shape[2], s1))
+                unsupported(op, "the compressed alibi pse (%d rows for S1 = %d)" % (shape[2], s1))
             try:
                 torch.broadcast_shapes(shape, (b, n, s1, s2))
             except RuntimeError:
@@ -130,7 +126,7 @@ class Plan:
         n_kv = key.shape[1]
         check(n_kv > 0 and n % n_kv == 0, op, "head_num %d is not divisible by the key/value heads %d" % (n, n_kv))
         if pse is not None:
-            _not_emulated(op, "pse with input_layout TND (only the compressed alibi form is allowed there)")
+            unsupported(op, "pse with input_layout TND (only the compressed alibi form is allowed there)")
         self.head_dim, self.n_kv = query.shape[2], n_kv
         self.q_ranges = _ranges(op, qlen, "actual_seq_qlen", query.shape[0])
         self.kv_ranges = _ranges(op, kvlen, "actual_seq_kvlen", key.shape[0])

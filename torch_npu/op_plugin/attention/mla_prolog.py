@@ -56,7 +56,7 @@ import math
 
 import torch
 
-from torch_npu.op_plugin._common import check
+from torch_npu.op_plugin._common import check, unsupported
 from torch_npu.op_plugin._registry import impl
 from torch_npu.op_plugin._common import symbolic
 
@@ -66,10 +66,6 @@ _CACHE_MODES = ("PA_BSND", "PA_NZ")
 _V3_CACHE_MODES = ("PA_BSND", "PA_NZ", "BSND", "TND")
 _NZ_PIECE_BYTES = 32
 _FLOATS = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
-
-
-def _not_emulated(op, what):
-    raise NotImplementedError("%s: %s is not supported by the CPU-emulated NPU" % (op, what))
 
 
 def _compute_dtype(t):
@@ -170,7 +166,7 @@ def _mla_prolog(op, v2, token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_
     if full_quant and not v2:
         check(False, op, "token_x must be bfloat16 (int8 token_x is npu_mla_prolog_v2's full-quant scenario)")
     if kv_cache.dtype == torch.int8 or kr_cache.dtype == torch.int8:
-        _not_emulated(op, "int8 kv_cache/kr_cache (kv-cache quantisation with quant_scale_ckv/quant_scale_ckr)")
+        unsupported(op, "int8 kv_cache/kr_cache (kv-cache quantisation with quant_scale_ckv/quant_scale_ckr)")
     check(kv_cache.dtype in _FLOATS and kr_cache.dtype in _FLOATS, op, "kv_cache/kr_cache must be bfloat16 or int8")
     for name, value in (("quant_scale_ckv", quant_scale_ckv), ("quant_scale_ckr", quant_scale_ckr)):
         check(value is None, op, "%s must be None when kv_cache/kr_cache are not int8" % name)
@@ -301,31 +297,31 @@ def _mla_prolog_v3(op, token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_k
                    quant_scale_repo_mode, qc_qr_scale, kc_scale, dtype_args):
     """v3 on top of the shared pipeline; returns its five outputs (the caches are written in place)."""
     if cache_mode in ("PA_BLK_BSND", "PA_BLK_NZ"):
-        _not_emulated(op, "cache_mode=%r (block-wise cache_index / actual_seq_len)" % cache_mode)
+        unsupported(op, "cache_mode=%r (block-wise cache_index / actual_seq_len)" % cache_mode)
     for name, value in (("kv_cache_quant_mode", kv_cache_quant_mode), ("query_quant_mode", query_quant_mode),
                         ("ckvkr_repo_mode", ckvkr_repo_mode), ("quant_scale_repo_mode", quant_scale_repo_mode)):
         if value != 0:
-            _not_emulated(op, "%s=%r (quantised or merged kv_cache layouts)" % (name, value))
+            unsupported(op, "%s=%r (quantised or merged kv_cache layouts)" % (name, value))
     for name, value in (("k_nope_clip_alpha", k_nope_clip_alpha), ("actual_seq_len", actual_seq_len)):
         if value is not None:
-            _not_emulated(op, "%s (per-tile quantisation / PA_BLK cache modes)" % name)
+            unsupported(op, "%s (per-tile quantisation / PA_BLK cache modes)" % name)
     for name, value in zip(_V3_DTYPE_ARGS, dtype_args):
         if value is not None:
-            _not_emulated(op, "%s=%r (low-bit dtypes beyond the documented int8/bfloat16)" % (name, value))
+            unsupported(op, "%s=%r (low-bit dtypes beyond the documented int8/bfloat16)" % (name, value))
     check(weight_quant_mode in (0, 1, 2, 3), op, "weight_quant_mode must be 0, 1, 2 or 3, got %r" % weight_quant_mode)
     if weight_quant_mode == 3:
-        _not_emulated(op, "weight_quant_mode=3 (per-tile kv_cache quantisation)")
+        unsupported(op, "weight_quant_mode=3 (per-tile kv_cache quantisation)")
     want = {0: (False, False), 1: (False, True), 2: (True, True)}[weight_quant_mode]
     got = (token_x.dtype == torch.int8, weight_uq_qr.dtype == torch.int8)
     if weight_quant_mode == 2 and not got[0]:
-        _not_emulated(op, "weight_quant_mode=2 with bfloat16 token_x (per-channel kv_cache quantisation)")
+        unsupported(op, "weight_quant_mode=2 with bfloat16 token_x (per-channel kv_cache quantisation)")
     check(got == want, op, "weight_quant_mode=%d needs int8 %s, got token_x %s and weight_uq_qr %s"
           % (weight_quant_mode, {0: "nothing", 1: "weight_uq_qr", 2: "token_x and weights"}[weight_quant_mode],
              token_x.dtype, weight_uq_qr.dtype))
     if query_norm_flag and weight_quant_mode != 0:
-        _not_emulated(op, "query_norm_flag=True with weight_quant_mode=%d (quantised query_norm)" % weight_quant_mode)
+        unsupported(op, "query_norm_flag=True with weight_quant_mode=%d (quantised query_norm)" % weight_quant_mode)
     if query_norm_flag and qc_qr_scale != 1.0:
-        _not_emulated(op, "query_norm_flag=True with qc_qr_scale != 1 (whether query_norm carries the scale "
+        unsupported(op, "query_norm_flag=True with qc_qr_scale != 1 (whether query_norm carries the scale "
                           "is not documented)")
     if cache_index is None:
         check(cache_mode in ("BSND", "TND"), op, "cache_index is required with cache_mode %r" % cache_mode)

@@ -32,7 +32,7 @@ tensor's own dtype).
 """
 import torch
 
-from torch_npu.op_plugin._common import check
+from torch_npu.op_plugin._common import check, unsupported
 from torch_npu.op_plugin._registry import impl
 
 __all__ = []
@@ -47,18 +47,14 @@ _INDEXER_DTYPES = {
 }
 
 
-def _not_emulated(op, what):
-    raise NotImplementedError("%s: %s is not emulated by the CPU-emulated NPU" % (op, what))
-
-
 def _only(op, name, value, allowed, why):
     if value not in allowed:
-        _not_emulated(op, "%s=%r (%s)" % (name, value, why))
+        unsupported(op, "%s=%r (%s)" % (name, value, why))
 
 
 def _dtype_override(op, name, value):
     if value is not None:
-        _not_emulated(op, "%s=%r (torch_npu's _cd.DType codes such as hifloat8 are not defined here; "
+        unsupported(op, "%s=%r (torch_npu's _cd.DType codes such as hifloat8 are not defined here; "
                           "pass None to use the tensor's own dtype)" % (name, value))
 
 
@@ -132,9 +128,9 @@ def npu_kv_quant_sparse_flash_attention(query, key, value, sparse_indices, scale
     _only(op, "attention_mode", attention_mode, (2,), "only 2, MLA-absorb, is documented")
     _only(op, "quant_scale_repo_mode", quant_scale_repo_mode, (1,), "only 1, scales combined into key, is documented")
     if key_dequant_scale is not None:
-        _not_emulated(op, "key_dequant_scale (reserved; only None is documented)")
+        unsupported(op, "key_dequant_scale (reserved; only None is documented)")
     if value_dequant_scale is not None:
-        _not_emulated(op, "value_dequant_scale (reserved; only None is documented)")
+        unsupported(op, "value_dequant_scale (reserved; only None is documented)")
     _dtype_override(op, "key_dtype", key_dtype)
     _dtype_override(op, "value_dtype", value_dtype)
     check(tile_size == 128, op, "tile_size only supports 128, got %d" % tile_size)

@@ -12,14 +12,10 @@ returns them) and ``TND`` (outputs [T, N, D], statistics [T, N, 8]).
 """
 import torch
 
-from torch_npu.op_plugin._common import acc, check
+from torch_npu.op_plugin._common import acc, check, unsupported
 from torch_npu.op_plugin._registry import impl
 
 __all__ = []
-
-
-def _unsupported(op, what):
-    raise NotImplementedError("%s: %s is not emulated on the CPU-emulated NPU" % (op, what))
 
 
 @impl("npu_ring_attention_update")
@@ -35,7 +31,7 @@ def npu_ring_attention_update(prev_attn_out, prev_softmax_max, prev_softmax_sum,
     NotImplementedError."""
     op = "npu_ring_attention_update"
     if input_softmax_layout not in ("",):
-        _unsupported(op, "input_softmax_layout %r" % (input_softmax_layout,))
+        unsupported(op, "input_softmax_layout %r" % (input_softmax_layout,))
     check(input_layout in ("SBH", "TND"), op, "input_layout must be SBH or TND, got %r" % (input_layout,))
     check(prev_attn_out.shape == cur_attn_out.shape, op, "prev_attn_out %s and cur_attn_out %s shapes differ"
           % (tuple(prev_attn_out.shape), tuple(cur_attn_out.shape)))

@@ -20,15 +20,11 @@ Both write their outputs in place and return nothing, as the real ops.
 """
 import torch
 
-from torch_npu.op_plugin._common import check
+from torch_npu.op_plugin._common import check, unsupported
 from torch_npu.op_plugin._registry import impl
 from torch_npu.op_plugin._common import symbolic
 
 __all__ = []
-
-
-def _unsupported(op, what):
-    raise NotImplementedError("%s: %s is not supported by the CPU-emulated NPU" % (op, what))
 
 
 def _scatter_one(op, name, x, cache, slots):
@@ -67,7 +63,7 @@ def npu_scatter_pa_kv_cache(key, value, key_cache, value_cache, slot_mapping, *,
     Slots must be distinct (as documented; duplicates have no defined winner)."""
     op = "npu_scatter_pa_kv_cache"
     if key.dim() == 4 or compress_lens is not None or compress_seq_offsets is not None or seq_lens is not None:
-        _unsupported(op, "the compressed scenario (4-D key, compress_lens / compress_seq_offsets / seq_lens)")
+        unsupported(op, "the compressed scenario (4-D key, compress_lens / compress_seq_offsets / seq_lens)")
     check(key.dim() == 3 and value.dim() == 3 and key.shape[:2] == value.shape[:2], op,
           "key and value must be 3-D with equal first two dims, got %s and %s"
           % (tuple(key.shape), tuple(value.shape)))
@@ -103,7 +99,7 @@ def npu_advance_step_flashattn(input_tokens, sampled_token_ids, input_positions,
     with ``pos`` the new position. Entries past ``num_queries`` are left as they are."""
     op = "npu_advance_step_flashattn"
     if spec_token is not None or accepted_num is not None:
-        _unsupported(op, "the speculative scenario (spec_token / accepted_num)")
+        unsupported(op, "the speculative scenario (spec_token / accepted_num)")
     check(num_seqs > 0 and num_queries > 0 and block_size > 0, op,
           "num_seqs, num_queries and block_size must be positive")
     check(num_queries <= num_seqs, op, "num_queries (%d) must not exceed num_seqs (%d)" % (num_queries, num_seqs))

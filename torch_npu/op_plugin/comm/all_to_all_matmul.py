@@ -34,7 +34,7 @@ non-differentiable (no backward is documented).
 import torch
 import torch.distributed as dist
 
-from torch_npu.op_plugin._common import check
+from torch_npu.op_plugin._common import check, unsupported
 from torch_npu.op_plugin._opaque_vjp import non_differentiable
 from torch_npu.op_plugin._registry import opaque_kernel
 from torch_npu.op_plugin.comm.matmul_collectives import _world
@@ -46,7 +46,7 @@ _WORLD_SIZES = (2, 4, 8, 16)
 
 def _check_inputs(op, x1, x2, world_size, bias, all2all_axes, allowed_axes, comm_mode, k_of_x2, n):
     if comm_mode is not None:
-        raise NotImplementedError("%s: comm_mode=%r is not supported on the CPU-emulated NPU" % (op, comm_mode))
+        unsupported(op, "comm_mode=%r" % (comm_mode,))
     check(world_size in _WORLD_SIZES, op, "world_size should be in %s, got %d" % (list(_WORLD_SIZES), world_size))
     check(x1.dim() == 2 and x2.dim() == 2, op, "x1 and x2 must be 2-D, got %dD and %dD" % (x1.dim(), x2.dim()))
     check(x1.dtype in (torch.float16, torch.bfloat16), op, "x1 must be float16 or bfloat16, got %s" % x1.dtype)
@@ -119,19 +119,19 @@ def _check_mc2_options(op, world_size, quant_scale, block_size, comm_turn, group
                        dtype_overrides):
     check(world_size in _SCATTER_WORLDS, op, "world_size should be in %s, got %d" % (list(_SCATTER_WORLDS), world_size))
     check(comm_mode in _COMM_MODES, op, "comm_mode must be one of %s, got %r" % (list(_COMM_MODES), comm_mode))
-    unsupported = [name for name, value in dtype_overrides if value is not None]
+    rejected = [name for name, value in dtype_overrides if value is not None]
     if quant_scale is not None:
-        unsupported.append("quant_scale")
+        rejected.append("quant_scale")
     if block_size != 0:
-        unsupported.append("block_size=%d" % block_size)
+        rejected.append("block_size=%d" % block_size)
     if comm_turn != 0:
-        unsupported.append("comm_turn=%d" % comm_turn)
+        rejected.append("comm_turn=%d" % comm_turn)
     if group_sizes is not None and any(group_sizes):
-        unsupported.append("group_sizes=%s" % list(group_sizes))
+        rejected.append("group_sizes=%s" % list(group_sizes))
     if amax_output:
-        unsupported.append("amax_output=True (documented as False only)")
-    if unsupported:
-        raise NotImplementedError("%s: %s not supported on the CPU-emulated NPU" % (op, ", ".join(unsupported)))
+        rejected.append("amax_output=True (documented as False only)")
+    if rejected:
+        unsupported(op, ", ".join(rejected))
 
 
 def _y_dtype(op, x1, y_dtype):

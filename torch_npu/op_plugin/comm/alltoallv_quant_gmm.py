@@ -21,7 +21,7 @@ Outputs the real op leaves undefined are empty ``(0,)`` tensors, as in ``alltoal
 """
 import torch
 
-from torch_npu.op_plugin._common import check
+from torch_npu.op_plugin._common import check, unsupported
 from torch_npu.op_plugin._opaque_vjp import non_differentiable
 from torch_npu.op_plugin._registry import opaque_kernel
 from torch_npu.op_plugin.comm.alltoallv_gmm import _alltoallv, _expert_major, _rank_major
@@ -51,7 +51,7 @@ def _cols_scale(scale, k):
 def _check_unsupported(op, pairs):
     for name, value in pairs:
         if value is not None:
-            raise NotImplementedError("%s: %s is not emulated by the CPU-emulated NPU" % (op, name))
+            unsupported(op, name)
 
 
 def _check_mx(op, modes, group_size, scales):

@@ -20,14 +20,10 @@ NotImplementedError.
 import torch
 import torch.distributed as dist
 
-from torch_npu.op_plugin._common import building_graph, check, symbolic
+from torch_npu.op_plugin._common import building_graph, check, symbolic, unsupported
 from torch_npu.op_plugin._registry import impl
 
 __all__ = []
-
-
-def _unsupported(op, what):
-    raise NotImplementedError("%s: %s is not supported by the CPU-emulated NPU" % (op, what))
 
 
 def _exchange_runs(op, t):
@@ -65,7 +61,7 @@ def _world(op, hcom, world_size):
 def _check_float_mm(op, x1, x2):
     for name, t in (("x1", x1), ("x2", x2)):
         if not t.is_floating_point():
-            _unsupported(op, "%s of dtype %s (quantised matmul)" % (name, t.dtype))
+            unsupported(op, "%s of dtype %s (quantised matmul)" % (name, t.dtype))
     check(x1.dtype == x2.dtype, op, "x1 and x2 must have the same dtype, got %s and %s" % (x1.dtype, x2.dtype))
     check(x2.dim() == 2, op, "x2 must be 2-D (k, n), got %s" % (tuple(x2.shape),))
     check(x1.size(-1) == x2.size(0), op, "k of x1 %s and x2 %s differ" % (tuple(x1.shape), tuple(x2.shape)))
@@ -117,9 +113,9 @@ def npu_mm_all_reduce_base(x1, x2, hcom, *, reduce_op="sum", bias=None, antiquan
                     ("group_sizes", group_sizes), ("y_dtype", y_dtype), ("x1_dtype", x1_dtype),
                     ("x2_dtype", x2_dtype)):
         if v is not None:
-            _unsupported(op, name)
+            unsupported(op, name)
     if comm_quant_mode:
-        _unsupported(op, "comm_quant_mode=%d" % comm_quant_mode)
+        unsupported(op, "comm_quant_mode=%d" % comm_quant_mode)
     check(x1.dim() in (2, 3), op, "x1 must be 2-D or 3-D, got %s" % (tuple(x1.shape),))
     if antiquant_scale is not None:
         check(x2.dtype == torch.int8, op, "antiquant_scale needs an int8 x2, got %s" % x2.dtype)
@@ -156,7 +152,7 @@ def npu_mm_reduce_scatter_base(self, x2, hcom, world_size, *, reduce_op="sum", b
     check(comm_turn == 0, op, "comm_turn must be 0, got %d" % comm_turn)
     for name, v in (("x1_scale", x1_scale), ("x2_scale", x2_scale), ("output_dtype", output_dtype)):
         if v is not None:
-            _unsupported(op, name)
+            unsupported(op, name)
     check(x1.dim() == 2, op, "x1 must be 2-D (m, k), got %s" % (tuple(x1.shape),))
     _check_float_mm(op, x1, x2)
     check(world_size >= 1 and x1.size(0) % world_size == 0, op,
@@ -190,7 +186,7 @@ def npu_all_gather_base_mm(self, x2, hcom, world_size, *, bias=None, x1_scale=No
     check(comm_turn == 0, op, "comm_turn must be 0, got %d" % comm_turn)
     for name, v in (("x1_scale", x1_scale), ("x2_scale", x2_scale), ("output_dtype", output_dtype)):
         if v is not None:
-            _unsupported(op, name)
+            unsupported(op, name)
     check(x1.dim() == 2, op, "x1 must be 2-D (m, k), got %s" % (tuple(x1.shape),))
     _check_float_mm(op, x1, x2)
     group = _world(op, hcom, world_size)

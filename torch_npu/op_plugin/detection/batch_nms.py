@@ -8,7 +8,7 @@ running the host NMS at run time); their fake kernels give the fixed output shap
 (npu_batch_nms: T = max_total_size rows; npu_nms_with_mask: N rows)."""
 import torch
 
-from torch_npu.op_plugin._common import check
+from torch_npu.op_plugin._common import check, unsupported
 from torch_npu.op_plugin._opaque_vjp import non_differentiable
 from torch_npu.op_plugin._registry import opaque
 from torch_npu.op_plugin.detection.nms import greedy_nms, _pair_iou
@@ -16,17 +16,13 @@ from torch_npu.op_plugin.detection.nms import greedy_nms, _pair_iou
 __all__ = []
 
 
-def _unsupported(op, what):
-    raise NotImplementedError("%s: %s is not supported by the CPU-emulated NPU" % (op, what))
-
-
 def _check_batch_nms(self, scores, max_size_per_class, max_total_size, change_coordinate_frame, transpose_box):
     """The checks that need no values; returns (b, n, q, c, total, per_class)."""
     op = "npu_batch_nms"
     if change_coordinate_frame:
-        _unsupported(op, "change_coordinate_frame=True")
+        unsupported(op, "change_coordinate_frame=True")
     if transpose_box:
-        _unsupported(op, "transpose_box=True")
+        unsupported(op, "transpose_box=True")
     check(self.dim() == 4 and self.size(3) == 4, op, "boxes must be (B, N, q, 4), got %s" % (tuple(self.shape),))
     check(scores.dim() == 3 and scores.shape[:2] == self.shape[:2], op,
           "scores must be (B, N, C) matching boxes %s, got %s" % (tuple(self.shape), tuple(scores.shape)))

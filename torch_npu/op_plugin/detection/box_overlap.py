@@ -3,14 +3,10 @@ import math
 
 import torch
 
-from torch_npu.op_plugin._common import acc, check
+from torch_npu.op_plugin._common import acc, check, unsupported
 from torch_npu.op_plugin._registry import impl
 
 __all__ = []
-
-
-def _unsupported(op, what):
-    raise NotImplementedError("%s: %s is not supported by the CPU-emulated NPU" % (op, what))
 
 
 def _corners(t, trans):
@@ -24,7 +20,7 @@ def _terms(op, boxes, gtboxes, trans, is_cross, mode):
     """IoU, squared centre distance over squared enclosing diagonal, and the two boxes'
     (w, h), broadcast to (1, N) (aligned) or (M, N) (cross: row m is gtboxes[:, m])."""
     if mode != 0:
-        _unsupported(op, "mode=%r (only mode=0 'iou')" % (mode,))
+        unsupported(op, "mode=%r (only mode=0 'iou')" % (mode,))
     check(boxes.dim() == 2 and boxes.size(0) == 4, op, "self must be (4, N), got %s" % (tuple(boxes.shape),))
     check(gtboxes.dim() == 2 and gtboxes.size(0) == 4, op, "gtboxes must be (4, M), got %s" % (tuple(gtboxes.shape),))
     if not is_cross:

@@ -7,7 +7,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from torch_npu.op_plugin._common import acc, check
+from torch_npu.op_plugin._common import acc, check, unsupported
 from torch_npu.op_plugin._registry import impl
 
 __all__ = []
@@ -15,15 +15,11 @@ __all__ = []
 _IOU_EPS = 0.01  # offset the Iou kernel adds to box widths/heights in the areas (torch_npu passes eps=0.01)
 
 
-def _unsupported(op, what):
-    raise NotImplementedError("%s: %s is not supported by the CPU-emulated NPU" % (op, what))
-
-
 def _iou(op, bboxes, gtboxes, mode):
     check(bboxes.dim() == 2 and bboxes.size(-1) == 4, op, "bboxes must be (N, 4), got %s" % (tuple(bboxes.shape),))
     check(gtboxes.dim() == 2 and gtboxes.size(-1) == 4, op, "gtboxes must be (M, 4), got %s" % (tuple(gtboxes.shape),))
     if mode not in (0, 1):
-        _unsupported(op, "mode=%r (only 0 'iou' and 1 'iof')" % (mode,))
+        unsupported(op, "mode=%r (only 0 'iou' and 1 'iof')" % (mode,))
     b = acc(bboxes)[None, :, :]   # (1, N, 4)
     g = acc(gtboxes).to(b.dtype)[:, None, :]  # (M, 1, 4)
     iw = (torch.minimum(b[..., 2], g[..., 2]) - torch.maximum(b[..., 0], g[..., 0])).clamp_min(0)
@@ -64,9 +60,9 @@ def npu_giou(self, gtboxes, trans=False, is_cross=False, mode=0):
     """
     op = "npu_giou"
     if is_cross:
-        _unsupported(op, "is_cross=True")
+        unsupported(op, "is_cross=True")
     if mode != 0:
-        _unsupported(op, "mode=%r (only mode=0 'iou')" % (mode,))
+        unsupported(op, "mode=%r (only mode=0 'iou')" % (mode,))
     check(self.dim() == 2 and self.size(0) == 4, op, "self must be (4, N), got %s" % (tuple(self.shape),))
     check(tuple(gtboxes.shape) == tuple(self.shape), op, "gtboxes must have the shape of self %s, got %s"
           % (tuple(self.shape), tuple(gtboxes.shape)))
@@ -128,7 +124,7 @@ def npu_bounding_box_decode(rois, deltas, means0, means1, means2, means3,
     check(rois.dim() == 2 and rois.size(-1) == 4, op, "rois must be (N, 4)")
     check(tuple(deltas.shape) == tuple(rois.shape), op, "deltas must match rois")
     if len(max_shape) != 2:
-        _unsupported(op, "max_shape=%r (must be (h, w))" % (list(max_shape),))
+        unsupported(op, "max_shape=%r (must be (h, w))" % (list(max_shape),))
     px, py, pw, ph = _centre_size(acc(rois))
     d = acc(deltas).to(px.dtype)
     dx = d[:, 0] * stds0 + means0
@@ -181,9 +177,9 @@ def _scatter_update_index(op, self, indices, updates, axis):
     ax = axis + self.dim() if axis < 0 else axis
     check(0 <= ax < self.dim(), op, "axis %d out of range" % axis)
     if ax == 0:
-        _unsupported(op, "axis=0 (indices select along axis per batch row of dim 0)")
+        unsupported(op, "axis=0 (indices select along axis per batch row of dim 0)")
     if indices.dim() != 1:
-        _unsupported(op, "indices of shape %s (only 1-D (batch,) start offsets)" % (tuple(indices.shape),))
+        unsupported(op, "indices of shape %s (only 1-D (batch,) start offsets)" % (tuple(indices.shape),))
     check(not indices.is_floating_point(), op, "indices must be an integer tensor")
     check(indices.size(0) == self.size(0), op, "indices must have self.size(0)=%d entries" % self.size(0))
     check(updates.dim() == self.dim(), op, "updates must have self's rank")
@@ -244,7 +240,7 @@ def npu_sign_bits_unpack(input, size, dtype):
     op = "npu_sign_bits_unpack"
     check(input.dim() == 1 and input.dtype == torch.uint8, op, "input must be 1-D uint8")
     if dtype not in (torch.float16, torch.float32):
-        _unsupported(op, "dtype=%s (only float16/float32)" % (dtype,))
+        unsupported(op, "dtype=%s (only float16/float32)" % (dtype,))
     n = input.numel() * 8
     check(size > 0 and n % size == 0, op, "size=%d must divide %d" % (size, n))
     shifts = torch.arange(8, device=input.device, dtype=torch.int32)

@@ -15,15 +15,11 @@ import math
 
 import torch
 
-from torch_npu.op_plugin._common import check
+from torch_npu.op_plugin._common import check, unsupported
 from torch_npu.op_plugin._opaque_vjp import non_differentiable
 from torch_npu.op_plugin._registry import opaque
 
 __all__ = []
-
-
-def _unsupported(op, what):
-    raise NotImplementedError("%s: %s is not supported by the CPU-emulated NPU" % (op, what))
 
 
 def _corners(box, trans):
@@ -114,9 +110,9 @@ def npu_rotated_overlaps(self, query_boxes, trans=False):
 
 def _check_iou_modes(op, mode, is_cross):
     if mode != 0:
-        _unsupported(op, "mode=%r (only mode=0 'iou')" % (mode,))
+        unsupported(op, "mode=%r (only mode=0 'iou')" % (mode,))
     if not is_cross:
-        _unsupported(op, "is_cross=False")
+        unsupported(op, "is_cross=False")
 
 
 def _iou_fake(self, query_boxes, trans=False, mode=0, is_cross=True, v_threshold=0.0, e_threshold=0.0):

@@ -27,7 +27,7 @@ import math
 import torch
 from torch._subclasses.fake_tensor import is_fake
 
-from torch_npu.op_plugin._common import acc, check
+from torch_npu.op_plugin._common import acc, check, unsupported
 from torch_npu.op_plugin._opaque_vjp import non_differentiable
 from torch_npu.op_plugin._registry import impl, opaque
 from torch_npu.op_plugin.detection.box_overlap import _terms as _ciou_terms_base
@@ -38,10 +38,6 @@ __all__ = []
 
 # the coder kernels run float16 and float32 (float64 kept for gradcheck precision)
 _CODER_DTYPES = (torch.float16, torch.float32, torch.float64)
-
-
-def _unsupported(op, what):
-    raise NotImplementedError("%s: %s is not supported by the CPU-emulated NPU" % (op, what))
 
 
 # ----------------------------------------------------------------- rotated box coder
@@ -142,11 +138,11 @@ def npu_ciou_backward(grad, bboxes, gtboxes, atan_sub, trans=False, is_cross=Tru
     leading 1 of a (1, N) gradient). Outputs are float16 if either box tensor is."""
     op = "npu_ciou_backward"
     if not trans:
-        _unsupported(op, "trans=False (the CIoU backward reads x, y, w, h boxes: trans=True only)")
+        unsupported(op, "trans=False (the CIoU backward reads x, y, w, h boxes: trans=True only)")
     if is_cross:
-        _unsupported(op, "is_cross=True (the CIoU backward is documented for is_cross=False only)")
+        unsupported(op, "is_cross=True (the CIoU backward is documented for is_cross=False only)")
     if mode != 0:
-        _unsupported(op, "mode=%r (the CIoU backward is documented for mode=0 'iou' only)" % (mode,))
+        unsupported(op, "mode=%r (the CIoU backward is documented for mode=0 'iou' only)" % (mode,))
     check(atan_sub is not None, op, "atan_sub (the second output of _npu_ciou) is required")
     _check_ciou_dtypes(op, bboxes, gtboxes)
     check(atan_sub.numel() == bboxes.size(-1), op, "atan_sub must hold one value per box (%d), got shape %s"
@@ -220,7 +216,7 @@ def npu_nms_rotated(self, scores, iou_threshold, scores_threshold=0, max_output_
     score = scores.detach().to(torch.float32).cpu().double().tolist()
     thr = float(torch.tensor(scores_threshold, dtype=torch.float32))
     if any(s == thr for s in score):
-        _unsupported(op, "a score equal to scores_threshold (whether it is kept is not documented)")
+        unsupported(op, "a score equal to scores_threshold (whether it is kept is not documented)")
     boxes = [_xywha(b, mode) for b in boxes]
     iou_thr = float(torch.tensor(iou_threshold, dtype=torch.float32))
     limit = len(boxes) if max_output_size < 0 else max_output_size

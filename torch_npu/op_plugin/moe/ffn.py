@@ -14,7 +14,7 @@ antiquant (int8 weight) scenarios.
 """
 import torch
 
-from torch_npu.op_plugin._common import acc, check
+from torch_npu.op_plugin._common import acc, check, unsupported
 from torch_npu.op_plugin._registry import impl
 
 __all__ = []
@@ -29,10 +29,6 @@ def _fastgelu(h):
 _ACTIVATIONS = {"relu": torch.relu, "silu": torch.nn.functional.silu, "fastgelu": _fastgelu}
 _UNDOCUMENTED = {"gelu": "the gelu approximation", "geglu": "the gate half", "swiglu": "the gate half",
                  "reglu": "the gate half"}
-
-
-def _unsupported(what):
-    raise NotImplementedError("%s: %s is not emulated by the CPU-emulated NPU" % (_OP, what))
 
 
 def _ffn(x2d, w1, w2, b1, b2, act):
@@ -53,15 +49,15 @@ def npu_ffn(x, weight1, weight2, activation, *, expert_tokens=None, expert_token
     """See the module doc."""
     name = activation.lower()
     if name in _UNDOCUMENTED:
-        _unsupported("activation %r (%s is not documented)" % (activation, _UNDOCUMENTED[name]))
+        unsupported(_OP, "activation %r (%s is not documented)" % (activation, _UNDOCUMENTED[name]))
     check(name in _ACTIVATIONS, _OP, "activation must be one of fastgelu, gelu, relu, silu, geglu, swiglu, "
           "reglu, got %r" % (activation,))
     quant = (scale, offset, deq_scale1, deq_scale2, antiquant_scale1, antiquant_scale2, antiquant_offset1,
              antiquant_offset2)
     if any(t is not None for t in quant) or not x.is_floating_point() or not weight1.is_floating_point():
-        _unsupported("the quantised / antiquant scenario")
+        unsupported(_OP, "the quantised / antiquant scenario")
     if expert_tokens_index is not None:
-        _unsupported("expert_tokens_index (its meaning is not documented)")
+        unsupported(_OP, "expert_tokens_index (its meaning is not documented)")
     check(2 <= x.dim() <= 8, _OP, "x must have 2 to 8 dims, got %d" % x.dim())
     check(x.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64), _OP, "x must be float16/bfloat16")
     act = _ACTIVATIONS[name]

@@ -18,7 +18,7 @@ doc) raise NotImplementedError. Autograd flows through the composition (float32 
 """
 import torch
 
-from torch_npu.op_plugin._common import check, stat_dtype
+from torch_npu.op_plugin._common import check, stat_dtype, unsupported
 from torch_npu.op_plugin._registry import impl
 
 __all__ = []
@@ -27,19 +27,15 @@ _OP = "npu_moe_gating_top_k"
 _MAX_EXPERTS = 2048
 
 
-def _unsupported(what):
-    raise NotImplementedError("%s: %s is not supported on the CPU-emulated NPU" % (_OP, what))
-
-
 @impl("npu_moe_gating_top_k")
 def npu_moe_gating_top_k(x, k, *, bias=None, input_ids=None, tid2eid=None, k_group=1, group_count=1,
                          group_select_mode=0, renorm=0, norm_type=0, out_flag=False, routed_scaling_factor=1.0,
                          eps=1e-20):
     if renorm != 0:
-        _unsupported("renorm=%r (only 0)" % (renorm,))
+        unsupported(_OP, "renorm=%r (only 0)" % (renorm,))
     for name, value in (("input_ids", input_ids), ("tid2eid", tid2eid)):
         if value is not None:
-            _unsupported("%s (not described by the documentation)" % name)
+            unsupported(_OP, "%s (not described by the documentation)" % name)
     check(x.dim() == 2, _OP, "x must be 2-D, got %dD" % x.dim())
     # float64 is accepted too (computed in float64) so that gradcheck can run
     check(x.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64), _OP,

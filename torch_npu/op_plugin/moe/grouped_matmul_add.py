@@ -24,26 +24,22 @@
 """
 import torch
 
-from torch_npu.op_plugin._common import check
+from torch_npu.op_plugin._common import check, unsupported
 from torch_npu.op_plugin._registry import impl
 
 __all__ = []
 
 
-def _unsupported(op, what):
-    raise NotImplementedError("%s: %s is not supported on the CPU-emulated NPU" % (op, what))
-
-
 def _grouped_products(op, self, x, weight, group_list, transpose_x, transpose_weight, group_type, group_list_type):
     """sum over each group's K rows of x[k, :, None] * weight[k, None, :] -> (g, M, N) float32."""
     if not transpose_x:
-        _unsupported(op, "transpose_x=False (only True)")
+        unsupported(op, "transpose_x=False (only True)")
     if transpose_weight:
-        _unsupported(op, "transpose_weight=True (only False)")
+        unsupported(op, "transpose_weight=True (only False)")
     if group_type != 2:
-        _unsupported(op, "group_type=%r (only 2, split along K)" % (group_type,))
+        unsupported(op, "group_type=%r (only 2, split along K)" % (group_type,))
     if group_list_type not in (None, 0, 1):
-        _unsupported(op, "group_list_type=%r (only 0 cumsum, 1 counts)" % (group_list_type,))
+        unsupported(op, "group_list_type=%r (only 0 cumsum, 1 counts)" % (group_list_type,))
     check(self.dim() == 3, op, "self must be 3-D (g, M, N), got %dD" % self.dim())
     check(x.dim() == 2 and weight.dim() == 2, op, "x (K, M) and weight (K, N) must be 2-D")
     check(x.shape[0] == weight.shape[0], op, "x and weight must have the same K, got %d and %d"
@@ -139,12 +135,12 @@ def _lora_delta(op, y, x, weight_b, indices, weight_a, layer_idx, scale, y_offse
     check(0 <= layer_idx < layers, op, "layer_idx must be in [0, %d), got %d" % (layers, layer_idx))
     width = y.shape[1] if y_slice_size == -1 else y_slice_size
     if width != h2:
-        _unsupported(op, "y_slice_size=%d different from weight_b's H2=%d (undocumented)" % (width, h2))
+        unsupported(op, "y_slice_size=%d different from weight_b's H2=%d (undocumented)" % (width, h2))
     check(0 <= y_offset and y_offset + h2 <= y.shape[1], op, "y_offset + H2 (%d + %d) exceeds y's width %d"
           % (y_offset, h2, y.shape[1]))
     from torch_npu.op_plugin._common import symbolic
     if not symbolic(indices) and bool(((indices < 0) | (indices >= w)).any()):
-        _unsupported(op, "indices outside [0, %d) (rows without an adapter are not documented)" % w)
+        unsupported(op, "indices outside [0, %d) (rows without an adapter are not documented)" % w)
     idx = indices.long()
     rows = x.float()
     if weight_a is not None:

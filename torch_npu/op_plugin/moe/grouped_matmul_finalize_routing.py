@@ -18,17 +18,13 @@ kernel, the fake kernel giving the ``(output_bs or m, n)`` float32 shape.
 """
 import torch
 
-from torch_npu.op_plugin._common import check
+from torch_npu.op_plugin._common import check, unsupported
 from torch_npu.op_plugin._opaque_vjp import non_differentiable
 from torch_npu.op_plugin._registry import opaque
 
 __all__ = []
 
 _OP = "npu_grouped_matmul_finalize_routing"
-
-
-def _unsupported(what):
-    raise NotImplementedError("%s: %s is not emulated by the CPU-emulated NPU" % (_OP, what))
 
 
 def _counts(group_list, group_list_type):
@@ -46,13 +42,13 @@ def _check_args(x, w, group_list, bias, offset, row_index, dtype, output_bs, gro
     check(x.dim() == 2 and w.dim() == 3, _OP, "x dim is 2 weight dim is 3")
     check(dtype in (None, torch.float32), _OP, "The dtype should be float")
     if x.dtype != torch.int8 or w.dtype != torch.int8:
-        _unsupported("x %s / w %s (only the int8 A8W8 scenario)" % (x.dtype, w.dtype))
+        unsupported(_OP, "x %s / w %s (only the int8 A8W8 scenario)" % (x.dtype, w.dtype))
     for name, value in (("bias", bias), ("offset", offset), ("x_dtype", x_dtype), ("w_dtype", w_dtype),
                         ("scale_dtype", scale_dtype), ("pertoken_scale_dtype", pertoken_scale_dtype)):
         if value is not None:
-            _unsupported("%s (A8W4 / mx scenarios)" % name)
+            unsupported(_OP, "%s (A8W4 / mx scenarios)" % name)
     if row_index is None:
-        _unsupported("row_index=None (the combine index is undocumented then)")
+        unsupported(_OP, "row_index=None (the combine index is undocumented then)")
     m, k = x.shape
     e, wk, n = w.shape
     check(wk == k, _OP, "k of x %d and w %d differ" % (k, wk))

@@ -21,7 +21,7 @@ scales, ``bias``/``weight_assist_matrix``, ``smooth_scale``), ``offset``, ``dequ
 """
 import torch
 
-from torch_npu.op_plugin._common import check
+from torch_npu.op_plugin._common import check, unsupported
 from torch_npu.op_plugin._registry import impl
 
 __all__ = []
@@ -29,14 +29,10 @@ __all__ = []
 _INT8_MAX = 127.0
 
 
-def _unsupported(op, what):
-    raise NotImplementedError("%s: %s is not supported on the CPU-emulated NPU" % (op, what))
-
-
 def _nd_weight(op, weight):
     """(E, K, N) view of an int8 weight given as ND (E, K, N) or as the NZ storage view."""
     if weight.dtype != torch.int8:
-        _unsupported(op, "%s weight (A8W4/A4W4; only int8 A8W8)" % weight.dtype)
+        unsupported(op, "%s weight (A8W4/A4W4; only int8 A8W8)" % weight.dtype)
     if weight.dim() == 3:
         return weight
     check(weight.dim() == 5, op, "weight must be (E, K, N) or the FRACTAL_NZ view (E, N/32, K/16, 16, 32)")
@@ -52,7 +48,7 @@ def _swiglu_quant(op, x, weight, weight_scale, x_scale, group_list, counts):
     check(x.shape[1] == k, op, "x has K=%d, weight has K=%d" % (x.shape[1], k))
     check(n % 2 == 0, op, "N=%d must be even (SwiGLU halves it)" % n)
     if weight_scale.dtype == torch.int64:
-        _unsupported(op, "int64 weight_scale (A8W4 per-channel)")
+        unsupported(op, "int64 weight_scale (A8W4 per-channel)")
     check(weight_scale.dtype in (torch.float32, torch.float16, torch.bfloat16), op,
           "weight_scale must be float32, float16 or bfloat16, got %s" % weight_scale.dtype)
     check(tuple(weight_scale.shape) == (e, n), op, "weight_scale must be (E, N) = (%d, %d)" % (e, n))
@@ -83,9 +79,9 @@ def _swiglu_quant(op, x, weight, weight_scale, x_scale, group_list, counts):
 def npu_grouped_matmul_swiglu_quant(x, weight, group_list, weight_scale, x_scale, *, bias=None, offset=None):
     op = "npu_grouped_matmul_swiglu_quant"
     if bias is not None:
-        _unsupported(op, "bias (the A8W4 weight assist matrix)")
+        unsupported(op, "bias (the A8W4 weight assist matrix)")
     if offset is not None:
-        _unsupported(op, "offset (reserved)")
+        unsupported(op, "offset (reserved)")
     q, q_scale = _swiglu_quant(op, x, weight, weight_scale, x_scale, group_list, counts=False)
     return q, q_scale, x_scale.new_zeros(())
 
@@ -101,12 +97,12 @@ def npu_grouped_matmul_swiglu_quant_v2(x, weight, weight_scale, x_scale, group_l
                         ("bias", bias), ("x_dtype", x_dtype), ("weight_dtype", weight_dtype),
                         ("weight_scale_dtype", weight_scale_dtype), ("x_scale_dtype", x_scale_dtype)):
         if value is not None:
-            _unsupported(op, name)
+            unsupported(op, name)
     # defaults: per-token x per-channel dequant to float32, per-token int8 quant (0 / the ScalarType codes)
     for name, value, allowed in (("dequant_mode", dequant_mode, (None, 0)), ("dequant_dtype", dequant_dtype, (None, 0, 6)),
                                  ("quant_mode", quant_mode, (None, 0)), ("quant_dtype", quant_dtype, (None, 0, 1))):
         if value not in allowed:
-            _unsupported(op, "%s=%r" % (name, value))
+            unsupported(op, "%s=%r" % (name, value))
     check(group_list_type in (None, 0, 1), op, "group_list_type must be 0 (cumsum) or 1 (count)")
     check(len(weight) == 1 and len(weight_scale) == 1, op, "weight and weight_scale must be lists of one tensor")
     return _swiglu_quant(op, x, weight[0], weight_scale[0], x_scale, group_list, counts=group_list_type == 1)

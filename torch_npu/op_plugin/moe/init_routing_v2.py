@@ -28,7 +28,7 @@ No host reads: the data-dependent ``available`` count stays a tensor, so Meta/Fa
 """
 import torch
 
-from torch_npu.op_plugin._common import check
+from torch_npu.op_plugin._common import check, unsupported
 from torch_npu.op_plugin._registry import impl
 
 __all__ = []
@@ -36,10 +36,6 @@ __all__ = []
 _OP = "npu_moe_init_routing_v2"
 _INT32_MAX = 2 ** 31 - 1
 _INT8_MAX = 127.0
-
-
-def _unsupported(what):
-    raise NotImplementedError("%s: %s is not supported on the CPU-emulated NPU" % (_OP, what))
 
 
 def _expert_range(active_expert_range, expert_num):
@@ -78,11 +74,11 @@ def npu_moe_init_routing_v2(x, expert_idx, *, scale=None, offset=None, active_nu
           "expert_idx must be 2-D (NUM_ROWS=%d, K)" % x.shape[0])
     check(expert_idx.dtype == torch.int32, _OP, "expert_idx must be int32, got %s" % expert_idx.dtype)
     if drop_pad_mode != 0:
-        _unsupported("drop_pad_mode=%r (only 0, dropless/active)" % (drop_pad_mode,))
+        unsupported(_OP, "drop_pad_mode=%r (only 0, dropless/active)" % (drop_pad_mode,))
     if quant_mode not in (-1, 1):
-        _unsupported("quant_mode=%r (only -1 none and 1 dynamic int8)" % (quant_mode,))
+        unsupported(_OP, "quant_mode=%r (only -1 none and 1 dynamic int8)" % (quant_mode,))
     if x_dtype is not None:
-        _unsupported("x_dtype=%r" % (x_dtype,))
+        unsupported(_OP, "x_dtype=%r" % (x_dtype,))
     check(row_idx_type in (0, 1), _OP, "row_idx_type must be 0 or 1, got %r" % (row_idx_type,))
     check(expert_tokens_num_type in (0, 1, 2), _OP, "expert_tokens_num_type must be 0, 1 or 2")
     check(active_num >= -1, _OP, "active_num must be >= 0 (or -1), got %d" % active_num)
@@ -120,7 +116,7 @@ def npu_moe_init_routing_v2(x, expert_idx, *, scale=None, offset=None, active_nu
         return expanded_x, row_idx.to(torch.int32), counts, expanded_scale
 
     if x.dtype == torch.int8:
-        _unsupported("int8 x with quant_mode=1 (its output is documented as meaningless)")
+        unsupported(_OP, "int8 x with quant_mode=1 (its output is documented as meaningless)")
     check(offset is None, _OP, "offset must be None in dynamic quantisation")
     xs = gathered.float()
     if scale is not None:

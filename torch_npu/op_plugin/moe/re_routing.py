@@ -17,7 +17,7 @@ only") and ``tokens_dtype`` raise NotImplementedError.
 """
 import torch
 
-from torch_npu.op_plugin._common import check
+from torch_npu.op_plugin._common import check, unsupported
 from torch_npu.op_plugin._registry import impl
 
 __all__ = []
@@ -25,19 +25,15 @@ __all__ = []
 _OP = "npu_moe_re_routing"
 
 
-def _unsupported(what):
-    raise NotImplementedError("%s: %s is not supported on the CPU-emulated NPU" % (_OP, what))
-
-
 @impl("npu_moe_re_routing")
 def npu_moe_re_routing(tokens, expert_token_num_per_rank, *, per_token_scales=None, expert_token_num_type=1,
                        idx_type=0, tokens_dtype=None):
     if expert_token_num_type != 1:
-        _unsupported("expert_token_num_type=%r (only 1, count mode)" % (expert_token_num_type,))
+        unsupported(_OP, "expert_token_num_type=%r (only 1, count mode)" % (expert_token_num_type,))
     if idx_type != 0:
-        _unsupported("idx_type=%r (only 0, gather index)" % (idx_type,))
+        unsupported(_OP, "idx_type=%r (only 0, gather index)" % (idx_type,))
     if tokens_dtype is not None:
-        _unsupported("tokens_dtype=%r" % (tokens_dtype,))
+        unsupported(_OP, "tokens_dtype=%r" % (tokens_dtype,))
     counts = expert_token_num_per_rank
     check(tokens.dim() == 2, _OP, "tokens must be 2-D (A, H), got %dD" % tokens.dim())
     check(counts.dim() == 2, _OP, "expert_token_num_per_rank must be 2-D (N, E), got %dD" % counts.dim())

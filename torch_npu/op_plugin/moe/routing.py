@@ -2,14 +2,10 @@
 token permute/unpermute and grouped matmul."""
 import torch
 
-from torch_npu.op_plugin._common import acc, check
+from torch_npu.op_plugin._common import acc, check, unsupported
 from torch_npu.op_plugin._registry import impl
 
 __all__ = []
-
-
-def _unsupported(op, what):
-    raise NotImplementedError("%s: %s is not supported on the CPU-emulated NPU" % (op, what))
 
 
 @impl("npu_moe_gating_top_k_softmax")
@@ -93,7 +89,7 @@ def npu_moe_finalize_routing(expanded_permuted_rows, skip1, skip2, bias, scales,
     """
     op = "npu_moe_finalize_routing"
     if drop_pad_mode not in (None, 0):
-        _unsupported(op, "drop_pad_mode=%s (only 0)" % drop_pad_mode)
+        unsupported(op, "drop_pad_mode=%s (only 0)" % drop_pad_mode)
     check(expanded_permuted_rows.dim() == 2, op, "expanded_permuted_rows must be 2D")
     h = expanded_permuted_rows.shape[1]
     total = expanded_src_to_dst_row.numel()
@@ -140,7 +136,7 @@ def npu_moe_token_permute(tokens, indices, num_out_tokens=None, padded_mode=Fals
     """
     op = "npu_moe_token_permute"
     if padded_mode:
-        _unsupported(op, "padded_mode=True")
+        unsupported(op, "padded_mode=True")
     check(tokens.dim() == 2, op, "tokens must be 2D")
     check(indices.dim() in (1, 2) and indices.shape[0] == tokens.shape[0], op,
           "indices must be [T] or [T, topK] with T = tokens rows")
@@ -167,7 +163,7 @@ def npu_moe_token_unpermute(permuted_tokens, sorted_indices, probs=None, padded_
     """
     op = "npu_moe_token_unpermute"
     if padded_mode:
-        _unsupported(op, "padded_mode=True")
+        unsupported(op, "padded_mode=True")
     check(permuted_tokens.dim() == 2, op, "permuted_tokens must be 2D")
     topk = 1 if probs is None else probs.shape[-1]
     total = sorted_indices.numel()
@@ -193,7 +189,7 @@ _GMM_QUANT_ARGS = ("scale", "offset", "antiquant_scale", "antiquant_offset", "pe
 
 def _group_sizes(op, group_list, group_list_type, m):
     if group_list_type not in (None, 0, 1):
-        _unsupported(op, "group_list_type=%s (only 0 cumulative, 1 counts)" % group_list_type)
+        unsupported(op, "group_list_type=%s (only 0 cumulative, 1 counts)" % group_list_type)
     if isinstance(group_list, torch.Tensor):
         vals = [int(v) for v in group_list.reshape(-1).tolist()]
     else:
@@ -204,7 +200,7 @@ def _group_sizes(op, group_list, group_list_type, m):
         sizes = vals
     check(all(s >= 0 for s in sizes), op, "group_list gives negative group sizes %s" % sizes)
     if sum(sizes) != m:
-        _unsupported(op, "group_list covering %d of the %d rows of x (must cover all)" % (sum(sizes), m))
+        unsupported(op, "group_list covering %d of the %d rows of x (must cover all)" % (sum(sizes), m))
     return sizes
 
 
@@ -212,15 +208,15 @@ def _grouped_matmul(op, x, weight, bias, group_list, split_item, group_type, gro
                     output_dtype, extras):
     for name, value in extras.items():
         if value is not None:
-            _unsupported(op, "%s (quantization/activation inputs must be None)" % name)
+            unsupported(op, "%s (quantization/activation inputs must be None)" % name)
     if act_type not in (None, 0):
-        _unsupported(op, "act_type=%s (only 0)" % act_type)
+        unsupported(op, "act_type=%s (only 0)" % act_type)
     if output_dtype is not None:
-        _unsupported(op, "output_dtype=%s (only None: the dtype of x)" % output_dtype)
+        unsupported(op, "output_dtype=%s (only None: the dtype of x)" % output_dtype)
     if split_item not in (None, 0, 1, 2, 3):
-        _unsupported(op, "split_item=%s" % split_item)
+        unsupported(op, "split_item=%s" % split_item)
     if group_type not in (None, -1, 0):
-        _unsupported(op, "group_type=%s (only -1/None no split, 0 split M)" % group_type)
+        unsupported(op, "group_type=%s (only -1/None no split, 0 split M)" % group_type)
     x = list(x)
     weight = list(weight)
     check(len(x) >= 1 and len(weight) >= 1, op, "x and weight must be non-empty lists")
@@ -241,9 +237,9 @@ def _grouped_matmul(op, x, weight, bias, group_list, split_item, group_type, gro
         x = list(torch.split(xs, sizes, dim=0))
     else:
         if group_list is not None:
-            _unsupported(op, "group_list with group_type=-1")
+            unsupported(op, "group_list with group_type=-1")
         if len(x) == 1 and g > 1:
-            _unsupported(op, "a single x with %d weights and no group_list" % g)
+            unsupported(op, "a single x with %d weights and no group_list" % g)
         check(len(x) == g, op, "x has %d tensors, weight has %d" % (len(x), g))
     outs = []
     for i in range(g):

@@ -20,14 +20,10 @@ in the forwards). ``npu_moe_token_unpermute_grad`` without ``probs`` returns an 
 """
 import torch
 
-from torch_npu.op_plugin._common import acc, check
+from torch_npu.op_plugin._common import acc, check, unsupported
 from torch_npu.op_plugin._registry import impl
 
 __all__ = []
-
-
-def _unsupported(op, what):
-    raise NotImplementedError("%s: %s is not supported on the CPU-emulated NPU" % (op, what))
 
 
 def _gather_rows(op, rows, sorted_indices):
@@ -41,7 +37,7 @@ def _gather_rows(op, rows, sorted_indices):
 
 def _permute_grad(op, grad_permuted_tokens, sorted_indices, tokens_num, topk, dtype, padded_mode):
     if padded_mode:
-        _unsupported(op, "padded_mode=True")
+        unsupported(op, "padded_mode=True")
     check(grad_permuted_tokens.dim() == 2, op, "grad_permuted_tokens must be 2-D, got %dD" % grad_permuted_tokens.dim())
     check(topk >= 1, op, "topK must be >= 1, got %d" % topk)
     check(sorted_indices.numel() == tokens_num * topk, op, "sorted_indices has %d elements, expected tokens (%d) * topK (%d)"
@@ -73,7 +69,7 @@ def npu_moe_token_permute_grad_v2(grad_permuted_tokens, sorted_indices, tokens_s
 def _unpermute_grad(op, permuted_tokens, grad_unpermuted_tokens, sorted_indices, probs, rows, dtype, probs_dtype,
                     padded_mode):
     if padded_mode:
-        _unsupported(op, "padded_mode=True")
+        unsupported(op, "padded_mode=True")
     check(grad_unpermuted_tokens.dim() == 2, op, "grad_unpermuted_tokens must be 2-D, got %dD"
           % grad_unpermuted_tokens.dim())
     check(sorted_indices.dim() == 1, op, "sorted_indices must be 1-D, got %dD" % sorted_indices.dim())
@@ -116,7 +112,7 @@ def npu_moe_token_unpermute_grad_v2(grad_unpermuted_tokens, sorted_indices, perm
                                     permuted_tokens=None):
     op = "npu_moe_token_unpermute_grad_v2"
     if probs is None:
-        _unsupported(op, "probs=None (the real op returns a placeholder grad_probs of undocumented shape)")
+        unsupported(op, "probs=None (the real op returns a placeholder grad_probs of undocumented shape)")
     return _unpermute_grad(op, permuted_tokens, grad_unpermuted_tokens, sorted_indices, probs,
                            permuted_tokens_size_0, permuted_tokens_dtype, probs.dtype, padded_mode)
 

@@ -27,15 +27,11 @@ work and autograd flows to tokens/permuted_tokens and probs. Sums run in float32
 """
 import torch
 
-from torch_npu.op_plugin._common import acc, check
+from torch_npu.op_plugin._common import acc, check, unsupported
 from torch_npu.op_plugin._registry import impl
 from torch_npu.op_plugin._common import symbolic
 
 __all__ = []
-
-
-def _unsupported(op, what):
-    raise NotImplementedError("%s: %s is not supported on the CPU-emulated NPU" % (op, what))
 
 
 def _selected_positions(mask, count):
@@ -167,7 +163,7 @@ def _npu_moe_token_unpermute_with_routing_map(permuted_tokens, sorted_indices, r
                                               routing_map=None, drop_and_pad=False):
     op = "_npu_moe_token_unpermute_with_routing_map"
     if not drop_and_pad:
-        _unsupported(op, "drop_and_pad=False (its out_index / permuted_token_id outputs are not documented)")
+        unsupported(op, "drop_and_pad=False (its out_index / permuted_token_id outputs are not documented)")
     out, permuted_probs = _unpermute(op, permuted_tokens, sorted_indices, restore_shape, probs, routing_map, True)
     token_ids, out_index = torch.sort(sorted_indices, stable=True)
     return out, out_index.to(sorted_indices.dtype), token_ids, permuted_probs
@@ -178,7 +174,7 @@ def npu_moe_token_unpermute_with_routing_map_grad(unpermuted_tokens_grad, out_in
                                                   permuted_tokens, probs, drop_and_pad, restore_shape):
     op = "npu_moe_token_unpermute_with_routing_map_grad"
     if not drop_and_pad:
-        _unsupported(op, "drop_and_pad=False (it consumes the undocumented index outputs of that mode)")
+        unsupported(op, "drop_and_pad=False (it consumes the undocumented index outputs of that mode)")
     g = unpermuted_tokens_grad
     check(g.dim() == 2 and tuple(g.shape) == tuple(restore_shape), op, "unpermuted_tokens_grad must be %s"
           % (list(restore_shape),))

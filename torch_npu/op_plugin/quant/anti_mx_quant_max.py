@@ -18,7 +18,7 @@ to float8 plus the absolute maximum).
 """
 import torch
 
-from torch_npu.op_plugin._common import check
+from torch_npu.op_plugin._common import check, unsupported
 from torch_npu.op_plugin._registry import impl
 from torch_npu.op_plugin.quant.transpose_quant_matmul import _e8m0_values
 
@@ -30,16 +30,12 @@ _FLOAT8_BY_CODE = {291: torch.float8_e5m2, 23: torch.float8_e5m2, 292: torch.flo
 _DEQUANT_DST = {5: torch.float16, 6: torch.float32, 15: torch.bfloat16}
 
 
-def _not_emulated(op, what):
-    raise NotImplementedError("%s: %s is not supported by the CPU-emulated NPU" % (op, what))
-
-
 def _float8(op, argname, value):
     if isinstance(value, torch.dtype) and value in _FLOAT8_BY_CODE.values():
         return value
     if not isinstance(value, torch.dtype) and int(value) in _FLOAT8_BY_CODE:
         return _FLOAT8_BY_CODE[int(value)]
-    _not_emulated(op, "%s=%r (float8_e5m2 / float8_e4m3fn only)" % (argname, value))
+    unsupported(op, "%s=%r (float8_e5m2 / float8_e4m3fn only)" % (argname, value))
 
 
 @impl("npu_anti_mx_quant")
@@ -51,7 +47,7 @@ def npu_anti_mx_quant(x, mxscale, *, axis=-1, dst_type=15, src_type=292):
     dst_type = 15 if dst_type is None else dst_type
     dst = dst_type if isinstance(dst_type, torch.dtype) else _DEQUANT_DST.get(int(dst_type))
     if dst not in _DEQUANT_DST.values():
-        _not_emulated(op, "dst_type=%r (float16 / float32 / bfloat16)" % (dst_type,))
+        unsupported(op, "dst_type=%r (float16 / float32 / bfloat16)" % (dst_type,))
     check(1 <= x.dim() <= 7, op, "X dimNum should be between 1 and 7, got %d" % x.dim())
     check(axis in (-1, x.dim() - 1), op, "only the last axis is supported, got axis=%d" % axis)
     check(x.dtype == src, op, "For float8, x dtype must be same as src_type, please check (x %s, src_type %s)"
@@ -72,10 +68,10 @@ def npu_quant_max(x, scale, *, round_mode="rint", dst_dtype=291, group_list=None
     """``(cast(x / scale), max|x|)`` (per group of rows with ``group_list``). See the module doc."""
     op = "npu_quant_max"
     if dst_dtype == 290:
-        _not_emulated(op, "dst_dtype=torch_npu.hifloat8 (its encoding is not emulated)")
+        unsupported(op, "dst_dtype=torch_npu.hifloat8 (its encoding is not emulated)")
     dst = _float8(op, "dst_dtype", dst_dtype)
     if round_mode != "rint":
-        _not_emulated(op, "round_mode=%r (only 'rint' for float8)" % (round_mode,))
+        unsupported(op, "round_mode=%r (only 'rint' for float8)" % (round_mode,))
     check(x.dtype in (torch.float16, torch.bfloat16, torch.float32), op,
           "x must be float16, bfloat16 or float32, got %s" % x.dtype)
     xf = x.float()

@@ -17,16 +17,12 @@ and zeros.
 import torch
 import torch.nn.functional as F
 
-from torch_npu.op_plugin._common import check
+from torch_npu.op_plugin._common import check, unsupported
 from torch_npu.op_plugin._registry import impl
 
 __all__ = []
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32)
-
-
-def _not_emulated(op, what):
-    raise NotImplementedError("%s: %s is not supported by the CPU-emulated NPU" % (op, what))
 
 
 def _to_int8(v):
@@ -38,7 +34,7 @@ def npu_group_quant(x, scale, group_index, *, offset=None, dst_dtype=None):
     """int8 ``round(x * scale[group of the row] + offset)``, x's shape. See the module doc."""
     op = "npu_group_quant"
     if dst_dtype not in (None, torch.int8, torch.qint8):
-        _not_emulated(op, "dst_dtype=%s (only int8)" % dst_dtype)
+        unsupported(op, "dst_dtype=%s (only int8)" % dst_dtype)
     check(x.dim() == 2, op, "x must be 2-D, got %d-D" % x.dim())
     check(x.dtype in _FLOATS, op, "x must be float32, float16 or bfloat16, got %s" % x.dtype)
     check(scale.dim() == 2 and scale.shape[0] > 0 and scale.shape[1] == x.shape[1], op,
@@ -67,9 +63,9 @@ def npu_gelu_quant(self, *, input_scale=None, input_offset=None, approximate='no
           "Parameter quant_mode must be 'dynamic' or 'static', got: %s" % quant_mode)
     check(approximate in ("none", "tanh"), op, "approximate must be 'none' or 'tanh', got %r" % (approximate,))
     if dst_type not in (None, 1, torch.int8):
-        _not_emulated(op, "dst_type=%r (only int8)" % (dst_type,))
+        unsupported(op, "dst_type=%r (only int8)" % (dst_type,))
     if round_mode != "rint":
-        _not_emulated(op, "round_mode=%r (only 'rint' for int8)" % (round_mode,))
+        unsupported(op, "round_mode=%r (only 'rint' for int8)" % (round_mode,))
     check(self.dtype in _FLOATS, op, "self must be float32, float16 or bfloat16, got %s" % self.dtype)
     g = F.gelu(self.float(), approximate=approximate)
     if quant_mode == "static":

@@ -16,6 +16,7 @@ scales in uint8. A value the adapters do not map raises ``NotImplementedError`` 
 """
 import torch
 
+from torch_npu.op_plugin._common import unsupported
 from torch_npu.op_plugin._registry import meta
 from torch_npu.op_plugin.quant.quantize import _decode_dtype
 from torch_npu.utils import _custom_dtype
@@ -35,10 +36,6 @@ _BYTE_CODES = (_custom_dtype.CODES["hifloat8"], _custom_dtype.CODES["float8_e8m0
 
 def _fail(cond, op, message):
     torch._check(cond, lambda: "%s: %s" % (op, message))
-
-
-def _unsupported(op, what):
-    raise NotImplementedError("%s: %s is not supported by the CPU-emulated NPU" % (op, what))
 
 
 def _code(value):
@@ -64,7 +61,7 @@ def _storage(op, argname, value):
         return torch.uint8, 1
     dt = None if code is None else _decode_dtype(code)
     if dt is None:
-        _unsupported(op, "%s=%r" % (argname, value))
+        unsupported(op, "%s=%r" % (argname, value))
     return dt, 1
 
 
@@ -118,7 +115,7 @@ def npu_grouped_dynamic_block_quant_meta(x, group_list, *, min_scale=0.0, round_
     _fail(group_list.dim() == 1, op, "group_list must be 1D tensor, got dim = %d" % group_list.dim())
     _fail(x.dim() in (2, 3), op, "x must be 2 or 3 dimensional.")
     if group_list_type != 0:
-        _unsupported(op, "group_list_type=%r (only 0 is documented)" % (group_list_type,))
+        unsupported(op, "group_list_type=%r (only 0 is documented)" % (group_list_type,))
     dt, _ = _storage(op, "dst_type", dst_type)
     scale = list(x.shape)
     scale[-2] = scale[-2] // row_block_size + group_list.shape[0]
@@ -138,7 +135,7 @@ def npu_kronecker_quant_meta(x, kronecker_p1, kronecker_p2, clip_ratio=None, dst
         mn = x.shape[-1] * x.shape[-2]
         return _new(x, [x.shape[0], mn // 2], torch.uint8), _new(x, [x.shape[0], -(-mn // 64), 2], torch.uint8)
     if code != 3:
-        _unsupported(op, "dst_dtype=%r (int32 or torch_npu.float4_e2m1fn_x2)" % (dst_dtype,))
+        unsupported(op, "dst_dtype=%r (int32 or torch_npu.float4_e2m1fn_x2)" % (dst_dtype,))
     _fail(x.shape[-1] % 8 == 0, op, "last dim of input x must be divisible by 8")
     return _new(x, _packed(op, x.shape, 8), torch.int32), _new(x, [x.shape[0]], torch.float32)
 
@@ -162,7 +159,7 @@ def npu_swiglu_group_quant_meta(x, *, weight=None, group_index=None, scale=None,
     op = "npu_swiglu_group_quant"
     _fail(x.shape[-1] % 2 == 0, op, "x last dim size should be even")
     if quant_mode not in (2, 3):
-        _unsupported(op, "quant_mode=%r (the adapter allocates y only for modes 2 and 3)" % (quant_mode,))
+        unsupported(op, "quant_mode=%r (the adapter allocates y only for modes 2 and 3)" % (quant_mode,))
     half = _half_dim(x.shape, -1)
     if quant_mode == 2:
         y_scale = _new(x, [0], torch.float32)
@@ -195,7 +192,7 @@ def npu_weight_quant_preprocess_meta(weight, weight_scale, x_dtype, weight_dtype
     flow = (_code(x_dtype) in e4m3 and _code(weight_dtype) == _FP4_CODES[0] and x_scale_dtype is not None
             and _code(x_scale_dtype) == e8m0 and _code(weight_scale_dtype) == e8m0)
     if not flow or weight.dim() not in (2, 3):
-        _unsupported(op, "this data flow (x_dtype=%r, weight_dtype=%r, weight_scale_dtype=%r, x_scale_dtype=%r, "
+        unsupported(op, "this data flow (x_dtype=%r, weight_dtype=%r, weight_scale_dtype=%r, x_scale_dtype=%r, "
                          "weight %d-D)" % (x_dtype, weight_dtype, weight_scale_dtype, x_scale_dtype, weight.dim()))
     _fail(weight_scale.dim() == weight.dim() + 1, op, "Input weight scale tensor should be %dD, but got %d"
           % (weight.dim() + 1, weight_scale.dim()))

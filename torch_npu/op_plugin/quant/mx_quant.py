@@ -42,7 +42,7 @@ from typing import NamedTuple, Optional
 import torch
 import torch.nn.functional as F
 
-from torch_npu.op_plugin._common import check
+from torch_npu.op_plugin._common import check, unsupported
 from torch_npu.op_plugin._registry import impl
 from torch_npu.utils import _custom_dtype
 
@@ -76,10 +76,6 @@ _X_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _E8M0_NAN = 255
 
 
-def _unsupported(op, what):
-    raise NotImplementedError("%s: %s is not supported by the CPU-emulated NPU" % (op, what))
-
-
 def mx_destination(op, argname, value):
     """The MxFormat a ``dst_type`` argument names (float8_e5m2/e4m3fn, float4_e2m1/e1m2)."""
     if isinstance(value, torch.dtype):
@@ -87,7 +83,7 @@ def mx_destination(op, argname, value):
     else:
         fmt = _FORMAT_BY_CODE.get(int(value))
     if fmt is None:
-        _unsupported(op, "%s=%r (float8_e5m2, float8_e4m3fn, float4_e2m1fn_x2, float4_e1m2fn_x2 only)"
+        unsupported(op, "%s=%r (float8_e5m2, float8_e4m3fn, float4_e2m1fn_x2, float4_e1m2fn_x2 only)"
                      % (argname, value))
     return fmt
 
@@ -102,10 +98,10 @@ def check_mx_args(op, fmt, round_mode, scale_alg, dst_type_max):
         check(round_mode in ("rint", "floor", "round"), op,
               "round_mode only supports 'rint', 'floor' and 'round' for float4 dst_type, got %r" % (round_mode,))
         if scale_alg == 2:
-            _unsupported(op, "scale_alg=2 (the DynamicDtypeRange scale of float4)")
+            unsupported(op, "scale_alg=2 (the DynamicDtypeRange scale of float4)")
         check(scale_alg == 0, op, "scale_alg only supports 0 for float4 dst_type, got %d" % scale_alg)
     if dst_type_max not in (None, 0.0):
-        _unsupported(op, "dst_type_max=%r (documented only for float4 with scale_alg=2)" % (dst_type_max,))
+        unsupported(op, "dst_type_max=%r (documented only for float4 with scale_alg=2)" % (dst_type_max,))
     return scale_alg
 
 
@@ -214,7 +210,7 @@ def npu_dynamic_mx_quant(input, *, axis=-1, round_mode="rint", dst_type=296, blo
     alg = check_mx_args(op, fmt, round_mode, scale_alg, dst_type_max)
     low = 0.0 if max_low_bound is None else float(max_low_bound)
     if low != 0.0 and alg != 1:
-        _unsupported(op, "max_low_bound=%r with scale_alg=%d (documented for scale_alg=1 only)" % (low, alg))
+        unsupported(op, "max_low_bound=%r with scale_alg=%d (documented for scale_alg=1 only)" % (low, alg))
     return mx_quantize(input, axis, fmt, alg, block_size, max_low_bound=low, round_mode=round_mode)
 
 
@@ -374,7 +370,7 @@ def npu_dynamic_block_mx_quant(input, *, round_mode="rint", dst_type=296, scale_
     check_fp4_last_dim(op, fmt, input)
     alg = 0 if scale_alg is None else int(scale_alg)
     if alg == 2 and fmt.dtype is None:
-        _unsupported(op, "scale_alg=2 (the DynamicDtypeRange scale of float4)")
+        unsupported(op, "scale_alg=2 (the DynamicDtypeRange scale of float4)")
     check(alg == 0, op, "scale_alg only supports 0 (and 2 for float4_e2m1), got %d" % alg)
     check_mx_args(op, fmt, round_mode, alg, dst_type_max)
     m, n = input.shape[-2:]
@@ -432,9 +428,9 @@ def npu_swiglu_mx_quant(x, *, group_index=None, activate_dim=-1, activate_left=F
     act, qdim = activate_dim % n, axis % n
     check(x.shape[act] % 2 == 0, op, "the activate_dim of x (%d) must be even" % x.shape[act])
     if swiglu_mode == 1 and act != n - 1:
-        _unsupported(op, "swiglu_mode=1 with activate_dim=%d (the even/odd split of a non-last dim)" % activate_dim)
+        unsupported(op, "swiglu_mode=1 with activate_dim=%d (the even/odd split of a non-last dim)" % activate_dim)
     if group_index is not None and (act != n - 1 or qdim != n - 1):
-        _unsupported(op, "group_index with activate_dim=%d, axis=%d (the grouped scale layout of a non-last "
+        unsupported(op, "group_index with activate_dim=%d, axis=%d (the grouped scale layout of a non-last "
                          "dim is not documented)" % (activate_dim, axis))
     check(group_mode in (0, 1), op, "group_mode only support 0(count) or 1(cumsum), got %r" % (group_mode,))
     fmt = mx_destination(op, "dst_type", dst_type)
@@ -467,14 +463,14 @@ def npu_swiglu_mx_quant_with_dual_axis(x, *, group_index=None, activate_left=Tru
     check(x.dim() == 2, op, "x must be 2-D [M, 2N], got %d-D" % x.dim())
     check(x.dtype in (torch.float16, torch.bfloat16), op, "x dtype must be float16 or bfloat16, got %s" % x.dtype)
     if group_index is None:
-        _unsupported(op, "group_index=None (the doc requires it; op-plugin's adapter and the kernel doc disagree "
+        unsupported(op, "group_index=None (the doc requires it; op-plugin's adapter and the kernel doc disagree "
                          "on the scale2 rows without it)")
     check(group_index.dim() == 1 and group_index.dtype == torch.int64, op,
           "group_index must be a 1-D int64 tensor, got %d-D %s" % (group_index.dim(), group_index.dtype))
     fmt = mx_destination(op, "dst_type", dst_type)
     alg = 0 if scale_alg is None else int(scale_alg)
     if fmt is not E4M3 or alg != 1:
-        _unsupported(op, "dst_type=%r with scale_alg=%d (the doc allows float8_e4m3fn with scale_alg=1 only)"
+        unsupported(op, "dst_type=%r with scale_alg=%d (the doc allows float8_e4m3fn with scale_alg=1 only)"
                      % (dst_type, alg))
     check_mx_args(op, fmt, round_mode, alg, dst_type_max)
     left, right = x.detach().float().chunk(2, -1)
@@ -511,7 +507,7 @@ def _npu_swiglu_backward_mx_quant_with_dual_axis(x, y_grad, *, group_index=None,
     fmt = mx_destination(op, "dst_type", dst_type)
     alg = 0 if scale_alg is None else int(scale_alg)
     if fmt is not E4M3 or alg != 1:
-        _unsupported(op, "dst_type=%r with scale_alg=%d (only float8_e4m3fn with scale_alg=1 is documented)"
+        unsupported(op, "dst_type=%r with scale_alg=%d (only float8_e4m3fn with scale_alg=1 is documented)"
                      % (dst_type, alg))
     check_mx_args(op, fmt, round_mode, alg, dst_type_max)
     left, right = x.detach().float().chunk(2, -1)

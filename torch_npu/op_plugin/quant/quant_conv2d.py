@@ -15,9 +15,9 @@ keep their defaults: ``offset`` None, ``round_mode`` 'rint'; ``input_dtype`` / `
 """
 import torch
 
-from torch_npu.op_plugin._common import check
+from torch_npu.op_plugin._common import check, unsupported
 from torch_npu.op_plugin._registry import impl
-from torch_npu.op_plugin.quant.quantize import _dtype_arg, _unpack_scale, _unsupported
+from torch_npu.op_plugin.quant.quantize import _dtype_arg, _unpack_scale
 
 __all__ = []
 
@@ -37,14 +37,14 @@ def npu_quant_conv2d(input, weight, scale, strides=1, pads=0, dilations=1, group
     op = "npu_quant_conv2d"
     for name, v in (("offset", offset), ("input_dtype", input_dtype), ("weight_dtype", weight_dtype)):
         if v is not None:
-            _unsupported(op, name)
+            unsupported(op, name)
     if round_mode != "rint":
-        _unsupported(op, "round_mode=%r (reserved, 'rint')" % (round_mode,))
+        unsupported(op, "round_mode=%r (reserved, 'rint')" % (round_mode,))
     if output_dtype is None:
-        _unsupported(op, "output_dtype=None (the documented output is torch.float16)")
+        unsupported(op, "output_dtype=None (the documented output is torch.float16)")
     _dtype_arg(op, "output_dtype", output_dtype, (torch.float16,))
     if input.dtype != torch.int8 or weight.dtype != torch.int8:
-        _unsupported(op, "input/weight dtypes %s/%s (only int8)" % (input.dtype, weight.dtype))
+        unsupported(op, "input/weight dtypes %s/%s (only int8)" % (input.dtype, weight.dtype))
     check(input.dim() == 4 and weight.dim() == 4, op, "input and weight must be 4-D NCHW")
     cout = weight.size(0)
     if scale.dtype == torch.int64:

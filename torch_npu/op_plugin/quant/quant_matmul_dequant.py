@@ -25,7 +25,7 @@ formed and the row's own one selected.
 """
 import torch
 
-from torch_npu.op_plugin._common import check
+from torch_npu.op_plugin._common import check, unsupported
 from torch_npu.op_plugin._registry import impl
 
 __all__ = []
@@ -72,7 +72,7 @@ def _quantize_rows(op, x, bias, x_scale, x_offset, smooth_scale, quant_mode):
         t = x_scale.float().reshape(1, 1)
         inv = 1.0 / t
     else:
-        raise NotImplementedError("%s: quant_mode=%r is not supported by the CPU-emulated NPU" % (op, quant_mode))
+        unsupported(op, "quant_mode=%r" % (quant_mode,))
     return _int8(xf * inv), t
 
 

@@ -15,16 +15,12 @@ NotImplementedError: the nibble order of the packing is not documented with this
 """
 import torch
 
-from torch_npu.op_plugin._common import check
+from torch_npu.op_plugin._common import check, unsupported
 from torch_npu.op_plugin._registry import impl
 
 __all__ = []
 
 _APPROX = {"gelu_erf": "none", "gelu_tanh": "tanh"}
-
-
-def _unsupported(op, what):
-    raise NotImplementedError("%s: %s is not supported by the CPU-emulated NPU" % (op, what))
 
 
 @impl("npu_quant_matmul_gelu")
@@ -33,7 +29,7 @@ def npu_quant_matmul_gelu(x1, x2, x1_scale, x2_scale, *, bias=None, approximate=
     output, bfloat16 when ``x2_scale`` or ``bias`` is bfloat16; A4W4 raises."""
     op = "npu_quant_matmul_gelu"
     if x1.dtype != torch.int8 or x2.dtype != torch.int8:
-        _unsupported(op, "x1/x2 dtypes %s/%s (only int8, A8W8)" % (x1.dtype, x2.dtype))
+        unsupported(op, "x1/x2 dtypes %s/%s (only int8, A8W8)" % (x1.dtype, x2.dtype))
     approximate = "gelu_erf" if approximate is None else approximate
     check(approximate in _APPROX, op, "approximate must be 'gelu_erf' or 'gelu_tanh', got %r" % (approximate,))
     check(2 <= x1.dim() <= 6 and 2 <= x2.dim() <= 6, op, "x1 and x2 must have 2 to 6 dimensions")

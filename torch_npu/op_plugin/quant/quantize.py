@@ -14,7 +14,7 @@ for float64 inputs), as the NPU vector units do.
 """
 import torch
 
-from torch_npu.op_plugin._common import check
+from torch_npu.op_plugin._common import check, unsupported
 from torch_npu.utils import _custom_dtype
 from torch_npu.op_plugin._registry import impl
 from torch_npu.op_plugin.quant.int4pack import unpack_int4_weight
@@ -36,10 +36,6 @@ for _dt in (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torc
             torch.bfloat16, torch.quint4x2, torch.float8_e5m2, torch.float8_e4m3fn, torch.float8_e8m0fnu,
             torch.float4_e2m1fn_x2):
     _CODE_TO_DTYPE[_code(_dt)] = _dt
-
-
-def _unsupported(op, what):
-    raise NotImplementedError("%s: %s is not supported by the CPU-emulated NPU" % (op, what))
 
 
 def _decode_dtype(value):
@@ -65,7 +61,7 @@ def _dtype_arg(op, argname, value, allowed):
     """Map an int/torch.dtype argument to a torch.dtype in ``allowed`` or raise NotImplementedError."""
     dt = _decode_dtype(value)
     if dt is None or dt not in allowed:
-        _unsupported(op, "%s=%s (supported: %s)" % (argname, _dtype_name(value), ", ".join(str(a) for a in allowed)))
+        unsupported(op, "%s=%s (supported: %s)" % (argname, _dtype_name(value), ", ".join(str(a) for a in allowed)))
     return dt
 
 
@@ -139,7 +135,7 @@ def npu_anti_quant(x, scale, *, offset=None, dst_dtype=None, src_dtype=None):
     if src_dtype is not None:
         _dtype_arg(op, "src_dtype", src_dtype, (torch.int8,))
     if x.dtype != torch.int8:
-        _unsupported(op, "x dtype %s (only int8)" % x.dtype)
+        unsupported(op, "x dtype %s (only int8)" % x.dtype)
     out = torch.float16 if dst_dtype is None else _dtype_arg(op, "dst_dtype", dst_dtype,
                                                                (torch.float16, torch.bfloat16))
     n = x.shape[-1] if x.dim() else 1
@@ -158,15 +154,15 @@ def npu_anti_quant(x, scale, *, offset=None, dst_dtype=None, src_dtype=None):
 
 def _dynamic_common(op, input, smooth_scales, group_index, dst_type, quant_mode, dst_type_max):
     if group_index is not None:
-        _unsupported(op, "group_index")
+        unsupported(op, "group_index")
     if quant_mode != "pertoken":
-        _unsupported(op, "quant_mode=%r (only 'pertoken')" % (quant_mode,))
+        unsupported(op, "quant_mode=%r (only 'pertoken')" % (quant_mode,))
     if dst_type is not None:
         _dtype_arg(op, "dst_type", dst_type, (torch.int8,))
     if dst_type_max != 0.0:
-        _unsupported(op, "dst_type_max=%r (only 0.0)" % (dst_type_max,))
+        unsupported(op, "dst_type_max=%r (only 0.0)" % (dst_type_max,))
     if input.dtype not in (torch.float16, torch.bfloat16, torch.float32):
-        _unsupported(op, "input dtype %s" % input.dtype)
+        unsupported(op, "input dtype %s" % input.dtype)
     check(input.dim() >= 1, op, "input must have at least 1 dim")
     x = input.float()
     if smooth_scales is not None:
@@ -230,7 +226,7 @@ def _unpack_scale(op, packed):
     from torch_npu.op_plugin.quant.trans_quant_param import decode_packed_scale, _has_values
     scale, packed_offset = decode_packed_scale(packed)
     if _has_values(packed) and bool((packed_offset != 0).any()):
-        _unsupported(op, "an int64 scale carrying a packed offset (npu_trans_quant_param(scale, offset))")
+        unsupported(op, "an int64 scale carrying a packed offset (npu_trans_quant_param(scale, offset))")
     return scale.reshape(-1)
 
 
@@ -260,32 +256,32 @@ def npu_quant_matmul(x1, x2, scale, *, offset=None, pertoken_scale=None, bias=No
                     ("pertoken_scale_dtype", pertoken_scale_dtype), ("scale_dtype", scale_dtype),
                     ("group_sizes", group_sizes), ("y_scale", y_scale)):
         if v is not None:
-            _unsupported(op, name)
+            unsupported(op, name)
     out = torch.int8 if output_dtype is None else _dtype_arg(
         op, "output_dtype", output_dtype, (torch.int8, torch.float16, torch.bfloat16))
     if x1.dtype != torch.int8 or x2.dtype != torch.int8:
-        _unsupported(op, "x1/x2 dtypes %s/%s (only int8)" % (x1.dtype, x2.dtype))
+        unsupported(op, "x1/x2 dtypes %s/%s (only int8)" % (x1.dtype, x2.dtype))
     if scale.dtype == torch.int64:
         scale = _unpack_scale(op, scale)
     if scale.dtype not in (torch.float32, torch.bfloat16):
-        _unsupported(op, "scale dtype %s (only float32/bfloat16/int64 from npu_trans_quant_param)" % scale.dtype)
+        unsupported(op, "scale dtype %s (only float32/bfloat16/int64 from npu_trans_quant_param)" % scale.dtype)
     check(x1.dim() >= 2 and x2.dim() >= 2, op, "x1 and x2 must be at least 2-d")
     check(x1.shape[-1] == x2.shape[-2], op, "x1 k=%d must equal x2 k=%d" % (x1.shape[-1], x2.shape[-2]))
     m, n = x1.shape[-2], x2.shape[-1]
     check(scale.dim() == 1 and scale.numel() in (1, n), op,
           "scale must be 1-d with 1 or %d elements, got shape %s" % (n, tuple(scale.shape)))
     if out != torch.int8 and offset is not None:
-        _unsupported(op, "offset with output_dtype=%s (offset is for int8 output only)" % out)
+        unsupported(op, "offset with output_dtype=%s (offset is for int8 output only)" % out)
     if out == torch.int8 and pertoken_scale is not None:
-        _unsupported(op, "pertoken_scale with int8 output")
+        unsupported(op, "pertoken_scale with int8 output")
     acc = torch.matmul(x1.to(torch.int64), x2.to(torch.int64))
     int_bias = bias is not None and bias.dtype == torch.int32
     if bias is not None:
         check(bias.dim() >= 1 and bias.shape[-1] == n, op, "bias last dim must be %d" % n)
         if not int_bias and bias.dtype not in (torch.float32, torch.float16, torch.bfloat16):
-            _unsupported(op, "bias dtype %s" % bias.dtype)
+            unsupported(op, "bias dtype %s" % bias.dtype)
         if not int_bias and out == torch.int8:
-            _unsupported(op, "float bias with int8 output")
+            unsupported(op, "float bias with int8 output")
     if int_bias:
         acc = acc + bias.to(torch.int64)
     v = acc.float() * scale.float()
@@ -328,15 +324,15 @@ def npu_weight_quant_batchmatmul(x, weight, antiquant_scale, antiquant_offset=No
     for name, v in (("quant_scale", quant_scale), ("quant_offset", quant_offset),
                     ("weight_dtype", weight_dtype)):
         if v is not None:
-            _unsupported(op, name)
+            unsupported(op, name)
     if inner_precise not in (0, 1):
-        _unsupported(op, "inner_precise=%r" % (inner_precise,))
+        unsupported(op, "inner_precise=%r" % (inner_precise,))
     if weight.dtype == torch.int32:
         weight = unpack_int4_weight(weight, op)
     elif weight.dtype != torch.int8:
-        _unsupported(op, "weight dtype %s (only int8, or int32-packed int4)" % weight.dtype)
+        unsupported(op, "weight dtype %s (only int8, or int32-packed int4)" % weight.dtype)
     if x.dtype not in (torch.float16, torch.bfloat16):
-        _unsupported(op, "x dtype %s (only float16/bfloat16)" % x.dtype)
+        unsupported(op, "x dtype %s (only float16/bfloat16)" % x.dtype)
     check(weight.dim() == 2, op, "weight must be 2-d [k, n]")
     k, n = weight.shape
     check(x.dim() >= 2 and x.shape[-1] == k, op, "x last dim must be k=%d" % k)

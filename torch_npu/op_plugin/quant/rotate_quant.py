@@ -14,7 +14,7 @@ their defaults).
 """
 import torch
 
-from torch_npu.op_plugin._common import check
+from torch_npu.op_plugin._common import check, unsupported
 from torch_npu.op_plugin._registry import impl
 from torch_npu.op_plugin.quant.quantize import _dtype_arg
 
@@ -32,7 +32,7 @@ def npu_rotate_quant(x, rotation, *, alpha=None, dst_dtype=None, axis=-1, round_
                                  ("scale_alg", scale_alg, 0), ("dst_type_max", dst_type_max, 0.0),
                                  ("transpose_y", transpose_y, False)):
         if value is not None and value != default:
-            raise NotImplementedError("%s: %s=%r is not supported by the CPU-emulated NPU" % (op, name, value))
+            unsupported(op, "%s=%r" % (name, value))
     check(x.dtype in (torch.float16, torch.bfloat16) and rotation.dtype == x.dtype, op,
           "x and rotation must share a float16/bfloat16 dtype, got %s and %s" % (x.dtype, rotation.dtype))
     check(x.dim() == 2 and rotation.dim() == 2 and rotation.shape[0] == rotation.shape[1], op,

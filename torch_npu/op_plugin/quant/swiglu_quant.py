@@ -32,17 +32,13 @@ backward op itself).
 import torch
 import torch.nn.functional as F
 
-from torch_npu.op_plugin._common import check
+from torch_npu.op_plugin._common import check, unsupported
 from torch_npu.op_plugin._registry import impl
 
 __all__ = []
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 _INT8_MAX = 127.0
-
-
-def _not_emulated(op, what):
-    raise NotImplementedError("%s: %s is not supported by the CPU-emulated NPU" % (op, what))
 
 
 def _swiglu(v, activate_left):
@@ -99,16 +95,16 @@ def npu_swiglu_quant(x, *, smooth_scales=None, offsets=None, group_index=None, a
     check(x.dtype in _FLOATS, op, "x must be float16, bfloat16 or float32, got %s" % x.dtype)
     check(x.shape[-1] % 2 == 0, op, "x last dim size should be even")
     if dst_type == torch.quint4x2:
-        _not_emulated(op, "dst_type=torch.quint4x2 (the order of two int4 in an int8 is not documented)")
+        unsupported(op, "dst_type=torch.quint4x2 (the order of two int4 in an int8 is not documented)")
     if quant_mode == 0:
-        _not_emulated(op, "quant_mode=0 (static: the scale output's content is not documented)")
+        unsupported(op, "quant_mode=0 (static: the scale output's content is not documented)")
     n = x.shape[-1] // 2
     s = _swiglu(x.float(), activate_left).reshape(-1, n)
     if smooth_scales is not None:
         check(smooth_scales.dtype == torch.float32, op, "smooth_scales must be float32, got %s" % smooth_scales.dtype)
         s = s * _group_factors(op, smooth_scales, group_index, group_list_type, s.shape[0], n, x.device)
     elif group_index is not None:
-        _not_emulated(op, "group_index without smooth_scales")
+        unsupported(op, "group_index without smooth_scales")
     peak = _row_max(s)
     scale = _INT8_MAX / peak
     y = _to_int8(torch.where(peak > 0, s * scale, torch.zeros_like(s)))
@@ -139,22 +135,22 @@ def npu_dequant_swiglu_quant(x, *, weight_scale=None, activation_scale=None, bia
     check(quant_mode in (0, 1), op, "quant_mode only support 0 or 1, but got %r" % (quant_mode,))
     check(x.shape[-1] % 2 == 0, op, "x last dim size should be even")
     if quant_mode == 0:
-        _not_emulated(op, "quant_mode=0 (static quantisation is not in the golden)")
+        unsupported(op, "quant_mode=0 (static quantisation is not in the golden)")
     if x.dtype != torch.int32:
-        _not_emulated(op, "x of dtype %s (only int32 x is in the golden)" % x.dtype)
+        unsupported(op, "x of dtype %s (only int32 x is in the golden)" % x.dtype)
     if weight_scale is None or activation_scale is None:
-        _not_emulated(op, "int32 x without weight_scale and activation_scale")
+        unsupported(op, "int32 x without weight_scale and activation_scale")
     for name, value in (("bias", bias), ("quant_offset", quant_offset), ("group_index", group_index)):
         if value is not None:
-            _not_emulated(op, "%s (not in the golden)" % name)
+            unsupported(op, "%s (not in the golden)" % name)
     if dst_type not in (None, 1):
-        _not_emulated(op, "dst_type=%r (only int8)" % (dst_type,))
+        unsupported(op, "dst_type=%r (only int8)" % (dst_type,))
     if round_mode not in (None, 0):
-        _not_emulated(op, "round_mode=%r (only rint)" % (round_mode,))
+        unsupported(op, "round_mode=%r (only rint)" % (round_mode,))
     if activate_dim is not None and activate_dim % x.dim() != x.dim() - 1:
-        _not_emulated(op, "activate_dim=%r (only the last dim)" % (activate_dim,))
+        unsupported(op, "activate_dim=%r (only the last dim)" % (activate_dim,))
     if swiglu_mode != 0:
-        _not_emulated(op, "swiglu_mode=%r (only 0)" % (swiglu_mode,))
+        unsupported(op, "swiglu_mode=%r (only 0)" % (swiglu_mode,))
     two_h = x.shape[-1]
     h = two_h // 2
     rows = x.numel() // two_h if two_h else 0

@@ -33,7 +33,7 @@ BPTT from the saved gates, shared with the registered ``*_backward`` ops. Comput
 import torch
 from torch.autograd.function import once_differentiable
 
-from torch_npu.op_plugin._common import acc, check
+from torch_npu.op_plugin._common import acc, check, unsupported
 from torch_npu.op_plugin._registry import impl
 from torch_npu.op_plugin.tensor import formats
 
@@ -41,10 +41,6 @@ __all__ = []
 
 # float64 is accepted beyond the documented float16/float32 so gradcheck can run.
 _DTYPES = (torch.float16, torch.float32, torch.float64)
-
-
-def _unsupported(op, what):
-    raise NotImplementedError("%s: %s is not emulated on the CPU-emulated NPU" % (op, what))
 
 
 def _recurrence(x, weight, bias, h0, c0, reverse):
@@ -113,7 +109,7 @@ class _Lstm(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, dy, dh, dc, *_gate_grads):
         if ctx.reverse:
-            _unsupported(ctx.op, "the backward of direction=True")
+            unsupported(ctx.op, "the backward of direction=True")
         x, weight, h0, c0, hs, cs, gi, gj, gf, go, tanhc = ctx.saved_tensors
         dx, dw, db, dh0, dc0 = _bptt(_grad_or_zeros(dy, hs), _grad_or_zeros(None if dh is None else dh[-1], hs[-1]),
                                      _grad_or_zeros(None if dc is None else dc[-1], cs[-1]),
@@ -158,7 +154,7 @@ def _check_sequence(op, input, weight, bias, h, c):
 def _lstm_sequence(op, input, weight, bias, h, c, train, flag_seq, direction):
     _check_sequence(op, input, weight, bias, h, c)
     if flag_seq:
-        _unsupported(op, "flag_seq=True (packed sequences through seq_mask)")
+        unsupported(op, "flag_seq=True (packed sequences through seq_mask)")
     outs = _Lstm.apply(input, weight, bias, h[0], c[0], bool(direction), op)
     return _gates_in_nz(outs, op) if train else outs
 
@@ -206,12 +202,12 @@ def npu_lstm_data_backward(grady_opt, gradh_opt, gradc_opt, input, batch_sizes, 
     only full batches (every entry == B, so no step is masked) are emulated, which needs a host read."""
     op = "npu_lstm_data_backward"
     if flag_direction:
-        _unsupported(op, "flag_direction=True")
+        unsupported(op, "flag_direction=True")
     check(batch_sizes.dim() == 1 and batch_sizes.shape[0] == input.shape[0], op,
           "batch_sizes must be 1-D [T=%d], got %s" % (input.shape[0], tuple(batch_sizes.shape)))
     if batch_sizes.device.type != "meta" and not isinstance(batch_sizes, torch._subclasses.FakeTensor):
         if bool((batch_sizes != input.shape[1]).any()):
-            _unsupported(op, "batch_sizes with padded steps (an entry below B)")
+            unsupported(op, "batch_sizes with padded steps (an entry below B)")
     return _sequence_backward(op, grady_opt, gradh_opt, gradc_opt, input, weight, bias, init_h, init_c, y, h, c, i,
                               j, f, o, tanhc)
 

@@ -45,7 +45,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from torch_npu.op_plugin.tensor import formats
-from torch_npu.op_plugin._common import check
+from torch_npu.op_plugin._common import check, unsupported
 from torch_npu.op_plugin._registry import impl
 from torch_npu.op_plugin.rnn.lstm import _bptt as _lstm_bptt
 from torch_npu.op_plugin.rnn.lstm import _recurrence as _lstm_recurrence
@@ -54,10 +54,6 @@ __all__ = []
 
 # float64 is accepted beyond the documented float16/float32 so gradcheck can run.
 _DTYPES = (torch.float16, torch.float32, torch.float64)
-
-
-def _unsupported(op, what):
-    raise NotImplementedError("%s: %s is not emulated on the CPU-emulated NPU" % (op, what))
 
 
 def _compute_dtype(*tensors):
@@ -125,12 +121,12 @@ def _check_stack(op, gates, input, hiddens, params, has_biases, num_layers, drop
     """Validates the nn.LSTM / nn.GRU style arguments; returns (T, B, H, D)."""
     # The real adapters treat an empty batch_sizes (autograd's stand-in for None) as None.
     if batch_sizes is not None and batch_sizes.numel() > 0:
-        _unsupported(op, "batch_sizes (packed sequences)")
+        unsupported(op, "batch_sizes (packed sequences)")
     if batch_first:
-        _unsupported(op, "batch_first=True (the gate outputs' layout)")
+        unsupported(op, "batch_first=True (the gate outputs' layout)")
     check(num_layers >= 1, op, "num_layers must be >= 1, got %d" % num_layers)
     if train and dropout > 0 and num_layers > 1:
-        _unsupported(op, "dropout > 0 between layers in training")
+        unsupported(op, "dropout > 0 between layers in training")
     check(input.dim() == 3, op, "input must be 3-D [T, B, I], got %d-D" % input.dim())
     steps, batch, in_size = input.shape
     check(steps > 0, op, "input must have at least one time step")

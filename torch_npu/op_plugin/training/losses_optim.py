@@ -2,7 +2,7 @@
 import torch
 import torch.nn.functional as F
 
-from torch_npu.op_plugin._common import acc, check, stat_dtype
+from torch_npu.op_plugin._common import acc, check, stat_dtype, unsupported
 from torch_npu.op_plugin._registry import impl
 
 __all__ = []
@@ -10,22 +10,18 @@ __all__ = []
 _REDUCTIONS = ("mean", "sum", "none")
 
 
-def _unsupported(op, what):
-    raise NotImplementedError("%s: %s is not supported by the CPU-emulated NPU" % (op, what))
-
-
 # ------------------------------------------------------------------ cross entropy
 
 
 def _ce_checks(op, input, target, weight, reduction):
     if reduction not in _REDUCTIONS:
-        _unsupported(op, "reduction=%r (expected one of %s)" % (reduction, ", ".join(_REDUCTIONS)))
+        unsupported(op, "reduction=%r (expected one of %s)" % (reduction, ", ".join(_REDUCTIONS)))
     check(input.dim() == 2, op, "input must be 2-D (N, C), got %d-D" % input.dim())
     check(input.is_floating_point(), op, "input must be a floating tensor, got %s" % input.dtype)
     check(target.dim() == 1 and target.shape[0] == input.shape[0], op,
           "target must be 1-D of length N=%d, got shape %s" % (input.shape[0], tuple(target.shape)))
     if target.dtype not in (torch.int64, torch.int32):
-        _unsupported(op, "target dtype %s (int64/int32 only)" % target.dtype)
+        unsupported(op, "target dtype %s (int64/int32 only)" % target.dtype)
     if weight is not None:
         check(weight.dim() == 1 and weight.shape[0] == input.shape[1], op,
               "weight must be 1-D of length C=%d, got shape %s" % (input.shape[1], tuple(weight.shape)))
@@ -135,9 +131,9 @@ def _f(x):
 def _bert_adam(op, lr, beta1, beta2, epsilon, grad, max_grad_norm, global_grad_norm, weight_decay,
                step_size, adam_mode, var, m, v):
     if adam_mode != 0:
-        _unsupported(op, "adam_mode=%r (only 0, 'adam')" % (adam_mode,))
+        unsupported(op, "adam_mode=%r (only 0, 'adam')" % (adam_mode,))
     if step_size is not None:
-        _unsupported(op, "step_size=%r (only None, used by adam_mode 'mbart_adam')" % (_f(step_size),))
+        unsupported(op, "step_size=%r (only None, used by adam_mode 'mbart_adam')" % (_f(step_size),))
     for name, t in (("var", var), ("m", m), ("v", v)):
         check(t.shape == grad.shape, op, "%s shape %s must equal grad shape %s" % (name, tuple(t.shape), tuple(grad.shape)))
     lr, beta1, beta2, epsilon = _f(lr), _f(beta1), _f(beta2), _f(epsilon)
@@ -204,7 +200,7 @@ def _adam_w(op, beta1_power, beta2_power, lr, weight_decay, beta1, beta2, epsilo
     for name, t in (("var", var), ("m", m), ("v", v)):
         check(t.shape == grad.shape, op, "%s shape %s must equal grad shape %s" % (name, tuple(t.shape), tuple(grad.shape)))
     if amsgrad and max_grad_norm is None:
-        _unsupported(op, "amsgrad=True without max_grad_norm (the running max of v)")
+        unsupported(op, "amsgrad=True without max_grad_norm (the running max of v)")
     b1p, b2p, lr, wd = _f(beta1_power), _f(beta2_power), _f(lr), _f(weight_decay)
     beta1, beta2, epsilon = _f(beta1), _f(beta2), _f(epsilon)
     g = acc(grad)
@@ -291,7 +287,7 @@ def _unpack(op, mask, numel):
 
 def _check_p(op, p):
     if not 0.0 <= p <= 1.0:
-        _unsupported(op, "p=%r (must be in [0, 1])" % (p,))
+        unsupported(op, "p=%r (must be in [0, 1])" % (p,))
 
 
 def _gen_keep(numel, p, device):

@@ -21,16 +21,12 @@ None"). Sources: the three torch_npu docs and op-plugin/ops-nn's goldens.
 """
 import torch
 
-from torch_npu.op_plugin._common import check
+from torch_npu.op_plugin._common import check, unsupported
 from torch_npu.op_plugin._registry import impl
 
 __all__ = []
 
 _BITS = 8
-
-
-def _unsupported(op, what):
-    raise NotImplementedError("%s: %s is not supported on the CPU-emulated NPU" % (op, what))
 
 
 def _pack_mask(mask):
@@ -77,10 +73,10 @@ def npu_fused_cross_entropy_loss_with_max_sum(logits_max, sum_exp_logits, predic
                                               input=None, weight=None, vocab_parallel_logits=None):
     op = "npu_fused_cross_entropy_loss_with_max_sum"
     if label_smoothing not in (None, 0.0):
-        _unsupported(op, "label_smoothing=%r (only 0.0)" % (label_smoothing,))
+        unsupported(op, "label_smoothing=%r (only 0.0)" % (label_smoothing,))
     for name, value in (("input", input), ("weight", weight)):
         if value is not None:
-            _unsupported(op, "%s (only None)" % name)
+            unsupported(op, "%s (only None)" % name)
     check(logits_max.dim() == 1, op, "logits_max must be 1-D, got %dD" % logits_max.dim())
     for name, t in (("sum_exp_logits", sum_exp_logits), ("predicted_logits", predicted_logits)):
         check(t.shape == logits_max.shape, op, "%s shape %s must equal logits_max shape %s"
@@ -101,7 +97,7 @@ def npu_fused_linear_cross_entropy_loss_with_max_sum_backward(grad, input, weigh
                                                               sum_exp_logits=None, softmax=None):
     op = "npu_fused_linear_cross_entropy_loss_with_max_sum_backward"
     if label_smoothing != 0.0:
-        _unsupported(op, "label_smoothing=%r (only 0.0)" % (label_smoothing,))
+        unsupported(op, "label_smoothing=%r (only 0.0)" % (label_smoothing,))
     check(input.dim() == 2 and weight.dim() == 2, op, "input and weight must be 2-D")
     check(input.dtype in (torch.float16, torch.bfloat16) and weight.dtype == input.dtype, op,
           "input and weight must be float16 or bfloat16 of the same dtype")
