@@ -1,5 +1,6 @@
-"""Older fused attention blocks (BERT era): npu_dropout_with_add_softmax,
-npu_fused_attention_score (+ _fwd, _backward, _grad), npu_multi_head_attention.
+"""Older fused attention-score blocks (BERT era): npu_dropout_with_add_softmax (+ _backward) and
+npu_fused_attention_score (+ _fwd, _backward, _grad); npu_multi_head_attention is in
+``attention/multi_head.py``.
 
 Semantics from torch_npu's docs and the op-plugin kernels and tests that call them:
 
@@ -10,10 +11,6 @@ Semantics from torch_npu's docs and the op-plugin kernels and tests that call th
 * ``npu_fused_attention_score``: q, k, v (B, N, S, D); ``softmax(q @ k^T * scale + mask)``,
   dropout with ``keep_prob``, ``@ v``, permuted to (B*S, N*D); the saved softmax is the one
   before dropout; the drop mask is one uint8 per softmax element (1 = kept).
-* ``npu_multi_head_attention``: the torch_npu test's reference: linear projections
-  (``x @ W^T + b``), ``q * D^-0.5``, (B, N, S, D) heads, ``q @ k^T + attn_mask``, float32
-  softmax, dropout with the bit-packed mask of ``_npu_dropout`` (or the given one), ``@ v``,
-  (B*T, N*D) context, output projection.
 
 Masks are drawn from the generator of the input's device (``torch.npu.manual_seed`` for npu
 tensors, ``torch.manual_seed`` for CPU ones); the bits
@@ -24,7 +21,7 @@ import torch
 
 from torch_npu.op_plugin._common import acc, check, unsupported
 from torch_npu.op_plugin._registry import impl
-from torch_npu.op_plugin.training.losses_optim import _gen_keep, _pack, _unpack
+from torch_npu.op_plugin.training.losses_optim import _gen_keep
 
 __all__ = []
 
@@ -181,62 +178,3 @@ def npu_fused_attention_score_grad(grad_output, softmax_output, query_layer, key
 
 
 # ------------------------------------------------------------------ multi-head attention
-
-
-def _linear(x, w, b):
-    y = x @ w.transpose(0, 1)
-    return y if b is None else y + acc(b)
-
-
-@impl("npu_multi_head_attention")
-def npu_multi_head_attention(query, key, value, query_weight, key_weight, value_weight, attn_mask,
-                             out_proj_weight, query_bias, key_bias, value_bias, out_proj_bias, dropout_mask,
-                             attn_head_num, attn_dim_per_head, src_len, tgt_len, dropout_prob,
-                             softmax_use_float):
-    """Multi-head attention of a Transformer layer. ``query`` (B*tgt_len, E), ``key``/``value``
-    (B*src_len, E), weights (E, E) with E = heads * dim, biases (E,) or None,
-    ``attn_mask`` broadcast to (B, heads, tgt_len, src_len):
-
-    ``q = (query @ Wq^T + bq) * dim^-0.5``, ``k``, ``v`` likewise unscaled, each as
-    (B, heads, len, dim); ``scores = softmax(q @ k^T + attn_mask)`` in float32;
-    ``probs = dropout(scores)`` (bit-packed keep mask of ``_npu_dropout``: the given
-    ``dropout_mask``, else a fresh one; drop probability ``dropout_prob``);
-    ``context = probs @ v`` as (B*tgt_len, E); ``y = context @ Wout^T + bout``.
-
-    Returns ``(y, dropout_mask, q, k, v, scores, probs, context)``; ``scores`` is float32 with
-    ``softmax_use_float`` (else the input dtype). The lengths, heads and dim must be positive
-    multiples of 16 (as torch_npu checks). Differentiable."""
-    op = "npu_multi_head_attention"
-    check(tgt_len > 0 and src_len > 0 and attn_head_num > 0 and attn_dim_per_head > 0, op,
-          "tgt_len, src_len, attn_head_num, attn_dim_per_head should not equal zero.")
-    check(all(x % 16 == 0 for x in (tgt_len, src_len, attn_head_num, attn_dim_per_head)), op,
-          "tgt_len, src_len, attn_head_num, attn_dim_per_head should align to 16.")
-    if not 0.0 <= dropout_prob < 1.0:
-        unsupported(op, "dropout_prob=%r (must be in [0, 1))" % (dropout_prob,))
-    e = attn_head_num * attn_dim_per_head
-    check(query.dim() == 2 and query.size(1) == e and query.size(0) % tgt_len == 0, op,
-          "query must be (B*tgt_len, %d), got %s" % (e, tuple(query.shape)))
-    batch = query.size(0) // tgt_len
-    for name, t in (("key", key), ("value", value)):
-        check(tuple(t.shape) == (batch * src_len, e), op, "%s must be (%d, %d), got %s"
-              % (name, batch * src_len, e, tuple(t.shape)))
-    dt = query.dtype
-
-    def heads(x, length):
-        return x.reshape(batch, length, attn_head_num, attn_dim_per_head).permute(0, 2, 1, 3)
-
-    q = heads(_linear(acc(query), acc(query_weight), query_bias) * attn_dim_per_head ** -0.5, tgt_len)
-    k = heads(_linear(acc(key), acc(key_weight), key_bias), src_len)
-    v = heads(_linear(acc(value), acc(value_weight), value_bias), src_len)
-    q, k, v = q.to(dt), k.to(dt), v.to(dt)
-    scores = torch.softmax(acc(q) @ acc(k).transpose(-1, -2) + acc(attn_mask), -1, dtype=torch.float32
-                           if dt != torch.float64 else torch.float64)
-    numel = scores.numel()
-    if dropout_mask is None:
-        dropout_mask = _pack(_gen_keep(numel, dropout_prob, query.device))
-    keep = _unpack(op, dropout_mask, numel)
-    probs = _apply_keep(scores.to(dt), keep, 1.0 - dropout_prob)
-    context = (acc(probs) @ acc(v)).permute(0, 2, 1, 3).reshape(batch * tgt_len, e)
-    y = _linear(context, acc(out_proj_weight), out_proj_bias)
-    out_scores = scores if softmax_use_float or dt == torch.float64 else scores.to(dt)
-    return (y.to(dt), dropout_mask.clone(), q, k, v, out_scores, probs, context.to(dt))

@@ -1,25 +1,18 @@
-"""Round-8 attention-family ops emulated from their documented formulas.
+"""Native Sparse Attention (NSA) ops.
 
-* npu_interleave_rope(x, cos, sin), x [B, N, S, D]: the D axis is de-interleaved
-  (x.view(.., D/2, 2).transpose(-1, -2)), then RoPE with rotate_half:
-  out = q * cos + rotate_half(q) * sin, rotate_half(q) = cat(-q[D/2:], q[:D/2]).
-* npu_masked_softmax_with_rel_pos_bias(x, atten_mask, bias, scale_value):
-  softmax(scale_value * x + atten_mask + relative_pos_bias, -1), x (B*W, N, S1, S2) or
-  (B, W, N, S1, S2), the additive mask per window W, the bias per head N.
-* npu_attention_update(lse[], out[], update_type): merges partial attentions:
-  lse = max_i lse_i + log(sum_i exp(lse_i - max)), out = sum_i out_i * exp(lse_i - lse).
-* npu_attn_softmax_(x): x <- softmax(x, -1) in place.
-  npu_attn_softmax_backward_(self, grad_output, values): self holds softmax(x); it becomes
-  the gradient w.r.t. x of softmax(x) @ values: self <- self * (g - sum(g * self, -1)),
-  g = grad_output @ values^T.
-* npu_masked_causal_conv1d_backward: the gradients of npu_masked_causal_conv1d.
-* npu_nsa_compress / npu_nsa_compress_grad (Native Sparse Attention KV compression):
-  per batch b of length S (actual_seq_len holds the cumulative lengths) the windows
-  i = 0 .. floor((S - L) / d) (none when S < L) give
-  out[i, n, :] = sum_{j<L} weight[j, n] * input[start_b + i*d + j, n, :].
-* npu_fused_floyd_attention (+ _backward), q [B,H,N,M,D], k1/v1 [B,H,N,K,D], k2/v2 [B,H,K,M,D]:
-  w = softmax(mask(scale * (q.k1 + q.k2)), over K), out = w.v1 + w.v2; softmax_max / sum
-  [B,H,N,M,8] (the row max and the row sum of exp(x - max), repeated 8 times).
+Emulated from their documented formulas:
+
+* npu_nsa_compress / npu_nsa_compress_grad (KV compression): per batch b of length S
+  (actual_seq_len holds the cumulative lengths) the windows i = 0 .. floor((S - L) / d) (none
+  when S < L) give out[i, n, :] = sum_{j<L} weight[j, n] * input[start_b + i*d + j, n, :];
+  npu_nsa_compress_infer.cache writes the same windows into a paged cache.
+* npu_nsa_select_attention (+ _grad): attention over the selected key blocks of each query.
+* npu_nsa_compress_attention: attention over the compressed keys, with the importance scores
+  of the key blocks for the selection.
+
+Meta-only (shapes and dtypes from each op's documentation and the op-plugin meta registrations,
+op_api allocation code; a real CPU / npu call raises NotImplementedError naming the op):
+npu_nsa_compress_attention_infer and npu_nsa_select_attention_infer (paged inference).
 
 Low-precision inputs are computed in float32 and returned in their dtype (float64 stays
 float64 for gradcheck).
@@ -28,6 +21,7 @@ import torch
 
 from torch_npu.op_plugin._common import acc, check
 from torch_npu.op_plugin._registry import impl
+from torch_npu.op_plugin._registry import meta
 
 __all__ = []
 
@@ -36,148 +30,17 @@ _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 # ---------------------------------------------------------------- interleave rope
 
-@impl("npu_interleave_rope")
-def npu_interleave_rope(x, cos, sin):
-    """RoPE on the de-interleaved D axis of ``x`` [B, N, S, D]; cos/sin [B, 1, S or 1, D]."""
-    op = "npu_interleave_rope"
-    check(x.dim() == 4, op, "x must be 4-D [B, N, S, D], got %d-D" % x.dim())
-    check(cos.dim() == 4 and sin.dim() == 4, op, "cos and sin must be 4-D [B, 1, S, D]")
-    check(tuple(cos.shape) == tuple(sin.shape), op, "sin shape %s must equal cos shape %s"
-          % (tuple(sin.shape), tuple(cos.shape)))
-    check(cos.dtype == x.dtype and sin.dtype == x.dtype, op, "cos/sin dtype must equal x dtype %s" % x.dtype)
-    b, _, s, d = x.shape
-    check(d % 2 == 0, op, "D must be even, got %d" % d)
-    check(cos.shape[0] == b and cos.shape[1] == 1 and cos.shape[2] in (1, s) and cos.shape[3] == d, op,
-          "cos/sin must be [B=%d, 1, S=%d or 1, D=%d], got %s" % (b, s, d, tuple(cos.shape)))
-    q = acc(x)
-    q = q.reshape(*q.shape[:-1], d // 2, 2).transpose(-1, -2).reshape(q.shape)
-    half = d // 2
-    rotated = torch.cat((-q[..., half:], q[..., :half]), dim=-1)
-    return (q * acc(cos) + rotated * acc(sin)).to(x.dtype)
-
 
 # ---------------------------------------------------------------- masked softmax with relative position bias
-
-def _as_5d(t, kind, op):
-    """Mask (W, S1, S2) | (W, 1, S1, S2) | (1, W, 1, S1, S2) -> (1, W, 1, S1, S2);
-    bias (N, S1, S2) | (1, N, S1, S2) | (1, 1, N, S1, S2) -> (1, 1, N, S1, S2)."""
-    if kind == "mask":
-        shapes = {3: lambda: t.unsqueeze(0).unsqueeze(2), 4: lambda: t.unsqueeze(0), 5: lambda: t}
-    else:
-        shapes = {3: lambda: t.unsqueeze(0).unsqueeze(0), 4: lambda: t.unsqueeze(0), 5: lambda: t}
-    check(t.dim() in shapes, op, "%s must be 3-, 4- or 5-D, got %d-D" % (kind, t.dim()))
-    return shapes[t.dim()]()
-
-
-@impl("npu_masked_softmax_with_rel_pos_bias")
-def npu_masked_softmax_with_rel_pos_bias(x, atten_mask, relative_pos_bias, scale_value=1.0, inner_precision_mode=0):
-    """softmax(scale_value * x + atten_mask + relative_pos_bias, -1) in x's shape and dtype.
-    ``inner_precision_mode`` only selects the hardware's internal precision; the emulator always
-    computes in float32 (float64 for float64 inputs)."""
-    op = "npu_masked_softmax_with_rel_pos_bias"
-    check(x.dim() in (4, 5), op, "x must be 4-D (B*W, N, S1, S2) or 5-D (B, W, N, S1, S2), got %d-D" % x.dim())
-    check(x.dtype in _FLOATS, op, "x dtype must be float32, float16 or bfloat16, got %s" % x.dtype)
-    n, s1, s2 = x.shape[-3], x.shape[-2], x.shape[-1]
-    bias = _as_5d(relative_pos_bias, "bias", op)
-    check(tuple(bias.shape) == (1, 1, n, s1, s2), op, "relative_pos_bias must hold (N=%d, S1=%d, S2=%d), got %s"
-          % (n, s1, s2, tuple(relative_pos_bias.shape)))
-    if atten_mask is not None:
-        mask = _as_5d(atten_mask, "mask", op)
-        w = mask.shape[1]
-        check(tuple(mask.shape) == (1, w, 1, s1, s2), op, "atten_mask must hold (W, S1=%d, S2=%d), got %s"
-              % (s1, s2, tuple(atten_mask.shape)))
-    else:
-        mask, w = None, (x.shape[1] if x.dim() == 5 else 1)
-    if x.dim() == 5:
-        check(x.shape[1] == w, op, "x W dim %d must equal atten_mask W %d" % (x.shape[1], w))
-        x5 = x
-    else:
-        check(x.shape[0] % w == 0, op, "x dim 0 (B*W = %d) must be a multiple of W = %d" % (x.shape[0], w))
-        x5 = x.reshape(x.shape[0] // w, w, n, s1, s2)
-    y = acc(x5) * scale_value + acc(bias)
-    if mask is not None:
-        y = y + acc(mask)
-    return torch.softmax(y, dim=-1).to(x.dtype).reshape(x.shape)
 
 
 # ---------------------------------------------------------------- attention update (lse merge)
 
-@impl("npu_attention_update")
-def npu_attention_update(lse, local_out, update_type):
-    """Merge K partial attentions: lse_i [N] float32, out_i [N, H] -> (out [N, H] in out dtype,
-    lse [N] float32). The merged lse is returned for update_type 0 too (update_type 1 asks for it)."""
-    op = "npu_attention_update"
-    check(len(lse) > 0 and len(lse) == len(local_out), op, "lse and local_out must be non-empty lists of the "
-          "same length, got %d and %d" % (len(lse), len(local_out)))
-    check(update_type in (0, 1), op, "update_type must be 0 or 1, got %s" % update_type)
-    n, h = local_out[0].shape[0], local_out[0].shape[-1]
-    out_dtype = local_out[0].dtype
-    for i, (l_i, o_i) in enumerate(zip(lse, local_out)):
-        check(l_i.dtype in (torch.float32, torch.float64), op, "lse[%d] must be float32, got %s" % (i, l_i.dtype))
-        check(l_i.dim() == 1 and l_i.shape[0] == n, op, "lse[%d] must be [N=%d], got %s" % (i, n, tuple(l_i.shape)))
-        check(o_i.dim() == 2 and tuple(o_i.shape) == (n, h), op, "local_out[%d] must be [N=%d, H=%d], got %s"
-              % (i, n, h, tuple(o_i.shape)))
-        check(o_i.dtype == out_dtype, op, "local_out[%d] dtype %s differs from %s" % (i, o_i.dtype, out_dtype))
-    lses = torch.stack([acc(t) for t in lse])
-    outs = torch.stack([acc(t) for t in local_out])
-    top = lses.amax(dim=0)
-    merged = top + torch.log(torch.exp(lses - top).sum(dim=0))
-    out = (outs * torch.exp(lses - merged).unsqueeze(-1)).sum(dim=0)
-    return out.to(out_dtype), merged.to(lse[0].dtype)
-
 
 # ---------------------------------------------------------------- in-place attention softmax
 
-@impl("npu_attn_softmax_")
-def npu_attn_softmax_(self):
-    """self <- softmax(self, -1); returns self."""
-    check(self.dtype in _FLOATS, "npu_attn_softmax_", "self must be a floating tensor, got %s" % self.dtype)
-    return self.copy_(torch.softmax(acc(self), dim=-1))
-
-
-@impl("npu_attn_softmax_backward_")
-def npu_attn_softmax_backward_(self, grad_output, values):
-    """self (= softmax(x)) <- d/dx of softmax(x) @ values for ``grad_output``; returns self."""
-    op = "npu_attn_softmax_backward_"
-    check(self.dim() >= 2 and values.dim() == self.dim() and grad_output.dim() == self.dim(), op,
-          "self, grad_output and values must have the same rank >= 2")
-    check(values.shape[-2] == self.shape[-1], op, "values dim -2 (%d) must equal self dim -1 (%d)"
-          % (values.shape[-2], self.shape[-1]))
-    check(grad_output.shape[-1] == values.shape[-1] and grad_output.shape[-2] == self.shape[-2], op,
-          "grad_output must be [..., %d, %d], got %s" % (self.shape[-2], values.shape[-1], tuple(grad_output.shape)))
-    y = acc(self)
-    g = torch.matmul(acc(grad_output), acc(values).transpose(-2, -1))
-    return self.copy_(y * (g - (g * y).sum(-1, keepdim=True)))
-
 
 # ---------------------------------------------------------------- masked causal conv1d backward
-
-@impl("npu_masked_causal_conv1d_backward")
-def npu_masked_causal_conv1d_backward(grad_output, input, weight, *, mask=None):
-    """Gradients (grad_input [S, B, H] in input's dtype, grad_weight [W, H] in weight's dtype) of
-    output[s] = sum_k weight[k] * input[s - (W-1-k)] (zeros before s = 0), rows with mask False zero."""
-    op = "npu_masked_causal_conv1d_backward"
-    check(input.dim() == 3, op, "input must be 3-D [S, B, H], got %d-D" % input.dim())
-    check(weight.dim() == 2 and weight.shape[0] == 3 and weight.shape[1] == input.shape[2], op,
-          "weight must be [W=3, H=%d], got %s" % (input.shape[2], tuple(weight.shape)))
-    check(tuple(grad_output.shape) == tuple(input.shape), op, "grad_output shape %s must equal input shape %s"
-          % (tuple(grad_output.shape), tuple(input.shape)))
-    s, b = input.shape[0], input.shape[1]
-    g = acc(grad_output)
-    if mask is not None:
-        check(mask.dtype == torch.bool and tuple(mask.shape) == (b, s), op,
-              "mask must be bool [B=%d, S=%d], got %s %s" % (b, s, mask.dtype, tuple(mask.shape)))
-        g = g.masked_fill(~mask.t().unsqueeze(-1), 0)
-    width = weight.shape[0]
-    x, w = acc(input), acc(weight)
-    padded = torch.nn.functional.pad(x, (0, 0, 0, 0, width - 1, 0))
-    grad_w = torch.stack([(g * padded[k:k + s]).sum((0, 1)) for k in range(width)])
-    # input row t feeds output row t + (W-1-k) through weight[k]
-    g_padded = torch.nn.functional.pad(g, (0, 0, 0, 0, 0, width - 1))
-    grad_x = g_padded[width - 1:width - 1 + s] * w[0]
-    for k in range(1, width):
-        grad_x = grad_x + g_padded[width - 1 - k:width - 1 - k + s] * w[k]
-    return grad_x.to(input.dtype), grad_w.to(weight.dtype)
 
 
 # ---------------------------------------------------------------- NSA compress
@@ -283,78 +146,6 @@ def npu_nsa_compress_infer_cache(input, weight, slot_mapping, compress_block_siz
 
 
 # ---------------------------------------------------------------- floyd attention
-
-def _floyd_check(op, q, k1, v1, k2, v2, atten_mask):
-    for name, t in (("query_ik", q), ("key_ij", k1), ("value_ij", v1), ("key_jk", k2), ("value_jk", v2)):
-        check(t.dim() == 5, op, "%s must be 5-D, got %d-D" % (name, t.dim()))
-        check(t.dtype == q.dtype, op, "%s dtype %s must equal query_ik dtype %s" % (name, t.dtype, q.dtype))
-    check(q.dtype in (torch.float16, torch.bfloat16, torch.float64), op,
-          "dtype must be float16 or bfloat16, got %s" % q.dtype)
-    b, h, n, m, d = q.shape
-    kk = k1.shape[3]
-    check(tuple(k1.shape) == (b, h, n, kk, d) and tuple(v1.shape) == tuple(k1.shape), op,
-          "key_ij / value_ij must be [B, H, N, K, D] = [%d, %d, %d, K, %d]" % (b, h, n, d))
-    check(tuple(k2.shape) == (b, h, kk, m, d) and tuple(v2.shape) == tuple(k2.shape), op,
-          "key_jk / value_jk must be [B, H, K, M, D] = [%d, %d, %d, %d, %d]" % (b, h, kk, m, d))
-    if atten_mask is not None:
-        check(atten_mask.dtype in (torch.bool, torch.uint8), op, "atten_mask must be bool or uint8")
-        check(tuple(atten_mask.shape) == (b, 1, n, 1, kk), op, "atten_mask must be [B, 1, N, 1, K] = %s, got %s"
-              % ((b, 1, n, 1, kk), tuple(atten_mask.shape)))
-
-
-def _floyd_logits(q, k1, k2, atten_mask, scale):
-    q, k1, k2 = acc(q), acc(k1), acc(k2)
-    x = scale * (torch.einsum("bhnmd,bhnkd->bhnmk", q, k1) + torch.einsum("bhnmd,bhkmd->bhnmk", q, k2))
-    if atten_mask is not None:
-        x = x.masked_fill(atten_mask.bool(), float("-inf"))
-    return x
-
-
-@impl("npu_fused_floyd_attention")
-def npu_fused_floyd_attention(query_ik, key_ij, value_ij, key_jk, value_jk, *, atten_mask=None, scale_value=1.):
-    """-> (softmax_max [B,H,N,M,8] float32, softmax_sum [B,H,N,M,8] float32, attention_out like query_ik)."""
-    op = "npu_fused_floyd_attention"
-    _floyd_check(op, query_ik, key_ij, value_ij, key_jk, value_jk, atten_mask)
-    x = _floyd_logits(query_ik, key_ij, key_jk, atten_mask, scale_value)
-    row_max = x.amax(-1, keepdim=True)
-    e = torch.exp(x - row_max)
-    row_sum = e.sum(-1, keepdim=True)
-    w = e / row_sum
-    out = torch.einsum("bhnmk,bhnkd->bhnmd", w, acc(value_ij)) + torch.einsum("bhnmk,bhkmd->bhnmd", w, acc(value_jk))
-    stat = torch.float64 if query_ik.dtype == torch.float64 else torch.float32
-    shape8 = tuple(query_ik.shape[:4]) + (8,)
-    return (row_max.to(stat).expand(shape8).contiguous(), row_sum.to(stat).expand(shape8).contiguous(),
-            out.to(query_ik.dtype))
-
-
-@impl("npu_fused_floyd_attention_backward")
-def npu_fused_floyd_attention_backward(grad_output, query_ik, key_ij, value_ij, key_jk, value_jk, attention_out,
-                                       softmax_max, softmax_sum, *, atten_mask=None, scale_value=1.):
-    """Gradients (dquery, dkey_ij, dvalue_ij, dkey_jk, dvalue_jk) of npu_fused_floyd_attention; the
-    probabilities are rebuilt from softmax_max / softmax_sum as the kernel does."""
-    op = "npu_fused_floyd_attention_backward"
-    _floyd_check(op, query_ik, key_ij, value_ij, key_jk, value_jk, atten_mask)
-    shape8 = tuple(query_ik.shape[:4]) + (8,)
-    check(tuple(softmax_max.shape) == shape8 and tuple(softmax_sum.shape) == shape8, op,
-          "softmax_max / softmax_sum must be %s" % (shape8,))
-    check(tuple(grad_output.shape) == tuple(query_ik.shape) and tuple(attention_out.shape) == tuple(query_ik.shape),
-          op, "grad_output / attention_out must be shaped like query_ik")
-    x = _floyd_logits(query_ik, key_ij, key_jk, atten_mask, scale_value)
-    cdt = x.dtype
-    p = torch.exp(x - softmax_max[..., :1].to(cdt)) / softmax_sum[..., :1].to(cdt)
-    g = acc(grad_output)
-    v1, v2 = acc(value_ij), acc(value_jk)
-    dp = torch.einsum("bhnmd,bhnkd->bhnmk", g, v1) + torch.einsum("bhnmd,bhkmd->bhnmk", g, v2)
-    delta = (g * acc(attention_out)).sum(-1, keepdim=True)
-    ds = p * (dp - delta) * scale_value
-    q, k1, k2 = acc(query_ik), acc(key_ij), acc(key_jk)
-    dq = torch.einsum("bhnmk,bhnkd->bhnmd", ds, k1) + torch.einsum("bhnmk,bhkmd->bhnmd", ds, k2)
-    dk1 = torch.einsum("bhnmk,bhnmd->bhnkd", ds, q)
-    dk2 = torch.einsum("bhnmk,bhnmd->bhkmd", ds, q)
-    dv1 = torch.einsum("bhnmk,bhnmd->bhnkd", p, g)
-    dv2 = torch.einsum("bhnmk,bhnmd->bhkmd", p, g)
-    dt = query_ik.dtype
-    return dq.to(dt), dk1.to(dt), dv1.to(dt), dk2.to(dt), dv2.to(dt)
 
 
 # ---------------------------------------------------------------- NSA select attention
@@ -548,3 +339,53 @@ def npu_nsa_compress_attention(query, key, value, scale_value, head_num, compres
         tops.append(order.permute(1, 0, 2))
     stat = lambda parts: torch.cat(parts).to(torch.float32).unsqueeze(-1).expand(t1, n1, 8).contiguous()  # noqa: E731
     return (torch.cat(outs).to(query.dtype), torch.cat(tops).to(torch.int32), stat(maxes), stat(sums))
+
+
+def _paged_value_dim(op, value, kv_heads):
+    """Head dim of a paged value cache (block_num, block_size, H) or (block_num, block_size, N, D)."""
+    check(value.dim() in (3, 4), op, "value must be (block_num, block_size, H) or (block_num, block_size, N, D)")
+    if value.dim() == 4:
+        return value.shape[3]
+    check(kv_heads > 0 and value.shape[2] % kv_heads == 0, op, "value H (%d) must be a multiple of "
+          "key_value_head_num (%d)" % (value.shape[2], kv_heads))
+    return value.shape[2] // kv_heads
+
+
+@meta("npu_nsa_compress_attention_infer")
+def npu_nsa_compress_attention_infer_meta(query, key, value, scale_value, head_num, key_value_head_num,
+                                          select_block_size, select_block_count, page_block_size, compress_block_size,
+                                          compress_stride, *, layout="TND", atten_mask=None, block_table=None,
+                                          topk_mask=None, actual_seq_qlen=None, actual_cmp_seq_kvlen=None,
+                                          actual_sel_seq_kvlen=None):
+    """(attention_out [T, N, Dv] in query's dtype, topk_indices [T, N_kv, select_block_count] int32)
+    for a TND query (S = 1 per batch) over paged (block_num, block_size, H) caches."""
+    op = "npu_nsa_compress_attention_infer"
+    check(query.dim() == 3, op, "query must be TND (3-D), got %d-D" % query.dim())
+    check(query.shape[1] == head_num, op, "query N (%d) must equal head_num (%d)" % (query.shape[1], head_num))
+    check(key_value_head_num > 0 and head_num % key_value_head_num == 0, op,
+          "head_num must be a multiple of key_value_head_num")
+    dv = _paged_value_dim(op, value, key_value_head_num)
+    return (query.new_empty((query.shape[0], head_num, dv)),
+            query.new_empty((query.shape[0], key_value_head_num, select_block_count), dtype=torch.int32))
+
+
+@meta("npu_nsa_select_attention_infer")
+def npu_nsa_select_attention_infer_meta(query, key, value, topk_indices, scale_value, head_num, key_value_head_num,
+                                        select_block_size, select_block_count, page_block_size, *, layout="BSND",
+                                        atten_mask=None, block_table=None, actual_seq_qlen=None,
+                                        actual_seq_kvlen=None):
+    """attention_out like query with value's head dim: BSND [B, S, N, Dv], BSH [B, S, N * Dv]
+    (documented layouts) and TND [T, N, Dv] (the op-plugin test's layout)."""
+    op = "npu_nsa_select_attention_infer"
+    ranks = {"BSND": 4, "BSH": 3, "TND": 3}
+    check(layout in ranks, op, "layout must be BSND, BSH or TND, got %r" % (layout,))
+    check(query.dim() == ranks[layout], op, "query must be %d-D for layout %s" % (ranks[layout], layout))
+    dv = _paged_value_dim(op, value, key_value_head_num)
+    if layout == "BSND":
+        return query.new_empty(tuple(query.shape[:3]) + (dv,))
+    if layout == "TND":
+        return query.new_empty((query.shape[0], query.shape[1], dv))
+    return query.new_empty((query.shape[0], query.shape[1], head_num * dv))
+
+
+
