@@ -28,6 +28,15 @@ def check(cond, op, message):
     torch._check(cond, lambda: "%s: %s" % (op, message))
 
 
+def write_out(out, result):
+    """Copy ``result`` into the ``out=`` tensor (resized to its shape first, as ATen's out
+    overloads do) and return ``out``."""
+    if tuple(out.shape) != tuple(result.shape):
+        out.resize_(result.shape)
+    out.copy_(result)
+    return out
+
+
 def symbolic(t):
     """True for tensors that carry shapes only (meta, FakeTensor, functional tracing)."""
     if t.device.type == "meta":

@@ -21,7 +21,7 @@ import torch
 
 from torch_npu.op_plugin._common import acc, check, unsupported
 from torch_npu.op_plugin._registry import impl
-from torch_npu.op_plugin.training.losses_optim import _gen_keep
+from torch_npu.op_plugin.training.dropout import _gen_keep
 
 __all__ = []
 

@@ -15,6 +15,19 @@ From the torch_npu doc (its "equivalent computation logic"), per token row, in f
 
 ``renorm`` other than 0 ("currently only 0"), ``input_ids`` and ``tid2eid`` (not described by the
 doc) raise NotImplementedError. Autograd flows through the composition (float32 norm, gather).
+
+npu_moe_gating_top_k_backward, the gradient w.r.t. the logits in sigmoid mode (documented,
+aclnnMoeGatingTopKBackward, ``norm_type=1``), per token row ``i`` and selected slot ``p``::
+
+    g_ip  = routed_scaling_factor * grad_y_ip
+    w'_ip = x_norm[i, expert_idx_ip]          D_i = sum_p w'_ip + eps
+    beta_i = sum_p (w'_ip / D_i) * g_ip
+    grad_norm[i, expert_idx_ip] += (g_ip - beta_i) / D_i
+    grad_x = x_norm * (1 - x_norm) * grad_norm
+
+``x_norm`` is the forward's sigmoid output (float32 on hardware), computed here in float32
+(float64 stays float64); the result has ``grad_y``'s dtype. The softmax mode (``norm_type=0``)
+and ``renorm != 0`` are not documented for this backward and raise NotImplementedError.
 """
 import torch
 
@@ -70,3 +83,33 @@ def npu_moe_gating_top_k(x, k, *, bias=None, input_ids=None, tid2eid=None, k_gro
         y = y / (y.sum(-1, keepdim=True) + eps)
     y = y * routed_scaling_factor
     return y.to(x.dtype), expert_idx.to(torch.int32), norm
+
+
+_BACKWARD_OP = "npu_moe_gating_top_k_backward"
+
+
+@impl("npu_moe_gating_top_k_backward")
+def npu_moe_gating_top_k_backward(x_norm, grad_y, expertIdx, *, renorm=0, norm_type=0,
+                                  routed_scaling_factor=1.0, eps=1e-20):
+    """See the module doc."""
+    if norm_type != 1:
+        raise NotImplementedError("%s: norm_type=%r is not emulated (only the documented sigmoid "
+                                  "mode norm_type=1)" % (_BACKWARD_OP, norm_type))
+    if renorm != 0:
+        raise NotImplementedError("%s: renorm=%r is not emulated (only renorm=0 is documented)" % (_BACKWARD_OP, renorm))
+    check(x_norm.dim() == 2, _BACKWARD_OP, "x_norm must be 2D (M, N), got %dD" % x_norm.dim())
+    check(grad_y.dim() == 2 and tuple(grad_y.shape) == tuple(expertIdx.shape), _BACKWARD_OP,
+          "grad_y and expert_idx must both be (M, K), got %s and %s"
+          % (tuple(grad_y.shape), tuple(expertIdx.shape)))
+    check(grad_y.size(0) == x_norm.size(0), _BACKWARD_OP, "grad_y has %d rows, x_norm %d" % (grad_y.size(0), x_norm.size(0)))
+    check(grad_y.size(1) <= x_norm.size(1), _BACKWARD_OP, "K=%d exceeds N=%d" % (grad_y.size(1), x_norm.size(1)))
+    check(not expertIdx.is_floating_point(), _BACKWARD_OP, "expert_idx must be an integer tensor")
+    compute = torch.float64 if torch.float64 in (x_norm.dtype, grad_y.dtype) else torch.float32
+    x = x_norm.to(compute)
+    idx = expertIdx.long()
+    g = grad_y.to(compute) * routed_scaling_factor
+    selected = torch.gather(x, 1, idx)
+    denom = selected.sum(1, keepdim=True) + eps
+    beta = (selected / denom * g).sum(1, keepdim=True)
+    grad_norm = torch.zeros_like(x).scatter_add(1, idx, (g - beta) / denom)
+    return (x * (1 - x) * grad_norm).to(grad_y.dtype)

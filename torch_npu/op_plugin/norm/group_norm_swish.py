@@ -14,6 +14,7 @@ import torch
 
 from torch_npu.op_plugin._common import acc, check, stat_dtype
 from torch_npu.op_plugin._registry import impl
+import torch.nn.functional as F
 
 __all__ = []
 
@@ -76,3 +77,29 @@ def npu_group_norm_swish_grad(grad, input, num_groups, weight, bias, mean, rstd,
     zg = z.reshape(n, num_groups, -1)
     dx = r * (g_z - g_z.mean(-1, keepdim=True) - zg * (g_z * zg).mean(-1, keepdim=True))
     return dx.reshape(input.shape).to(input.dtype), grad_weight.to(weight.dtype), grad_bias.to(bias.dtype)
+
+
+@impl("npu_group_norm_silu")
+def npu_group_norm_silu(input, weight, bias, group, eps=1e-5):
+    """GroupNorm over ``group`` channel groups of an (N, C, *) input followed by SiLU.
+
+    ``y = silu((x - mean) * rstd * weight[c] + bias[c])`` with biased per-(N, group)
+    statistics; returns ``(y, mean, rstd)``, ``mean``/``rstd`` of shape (N, group) in
+    the input dtype. Computed in float32 for float16/bfloat16 inputs.
+    """
+    op = "npu_group_norm_silu"
+    check(input.dim() >= 2, op, "input must be (N, C, *)")
+    n, c = input.size(0), input.size(1)
+    check(group > 0 and c % group == 0, op, "C=%d must be divisible by group=%d" % (c, group))
+    x = acc(input)
+    xg = x.reshape(n, group, -1)
+    mean = xg.mean(-1)
+    var = (xg - mean[..., None]).square().mean(-1)
+    rstd = torch.rsqrt(var + eps)
+    y = ((xg - mean[..., None]) * rstd[..., None]).reshape(x.shape)
+    bshape = [1, c] + [1] * (input.dim() - 2)
+    if weight is not None:
+        y = y * acc(weight).to(y.dtype).view(bshape)
+    if bias is not None:
+        y = y + acc(bias).to(y.dtype).view(bshape)
+    return F.silu(y).to(input.dtype), mean.to(input.dtype), rstd.to(input.dtype)

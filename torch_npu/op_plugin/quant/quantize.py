@@ -18,6 +18,7 @@ from torch_npu.op_plugin._common import check, unsupported
 from torch_npu.utils import _custom_dtype
 from torch_npu.op_plugin._registry import impl
 from torch_npu.op_plugin.quant.int4pack import unpack_int4_weight
+from torch_npu.op_plugin._common import acc
 
 __all__ = []
 
@@ -357,3 +358,35 @@ def npu_weight_quant_batchmatmul(x, weight, antiquant_scale, antiquant_offset=No
     if bias is not None:
         y = y + bias.float()
     return y.to(x.dtype)
+
+
+_QUANT_RANGE = {torch.qint8: (-128, 127), torch.quint8: (0, 255), torch.qint32: (-2 ** 31, 2 ** 31 - 1),
+                torch.int8: (-128, 127), torch.uint8: (0, 255), torch.int32: (-2 ** 31, 2 ** 31 - 1)}
+
+
+def _quantize_into(op, inputs, scales, zero_points, dtype, result):
+    check(dtype in _QUANT_RANGE, op, "dtype must be qint8, quint8 or qint32, got %s" % (dtype,))
+    lo, hi = _QUANT_RANGE[dtype]
+    q = torch.round(acc(inputs).double() / scales.double()) + zero_points.double()
+    q = q.clamp(lo, hi)
+    result.resize_(inputs.shape)
+    return result.copy_(q.to(result.dtype))
+
+
+@impl("_quantize_per_tensor_impl.out")
+def _quantize_per_tensor_impl_out(inputs, scales, zero_points, dtype, *, result):
+    """``result = clamp(round(inputs / scale) + zero_point)`` to ``dtype``'s integer range (one
+    scale and zero point), written into ``result`` (its integer dtype)."""
+    return _quantize_into("_quantize_per_tensor_impl", inputs, scales.reshape(()), zero_points.reshape(()),
+                          dtype, result)
+
+
+@impl("_quantize_per_channel_impl.out")
+def _quantize_per_channel_impl_out(inputs, scales, zero_points, axis, dtype, *, result):
+    """Per-channel quantisation along ``axis``: ``result = clamp(round(inputs / scales[c]) +
+    zero_points[c])`` to ``dtype``'s range, written into ``result``."""
+    ax = axis % inputs.dim()
+    shape = [1] * inputs.dim()
+    shape[ax] = inputs.shape[ax]
+    return _quantize_into("_quantize_per_channel_impl", inputs, scales.reshape(shape), zero_points.reshape(shape),
+                          dtype, result)

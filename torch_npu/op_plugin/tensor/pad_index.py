@@ -3,17 +3,10 @@ npu_prefetch, empty_with_swapped_memory."""
 import torch
 import torch.nn.functional as F
 
-from torch_npu.op_plugin._common import check
+from torch_npu.op_plugin._common import check, write_out
 from torch_npu.op_plugin._registry import impl
 
 __all__ = []
-
-
-def _write_out(out, result):
-    if tuple(out.shape) != tuple(result.shape):
-        out.resize_(result.shape)
-    out.copy_(result)
-    return out
 
 
 # ----------------------------------------------------------------- pad
@@ -101,30 +94,10 @@ def npu_indexing_out(self, begin, end, strides, begin_mask=0, end_mask=0, ellips
     """:func:`npu_indexing` written into ``out`` (resized if needed)."""
     y = _strided_slice("npu_indexing", self, list(begin), list(end), list(strides), begin_mask, end_mask,
                        ellipsis_mask, new_axis_mask, shrink_axis_mask)
-    return _write_out(out, y)
+    return write_out(out, y)
 
 
 # ----------------------------------------------------------------- conv3d
-
-
-def _conv3d(op, input, weight, bias, stride, padding, dilation, groups):
-    check(input.dim() == 5 and weight.dim() == 5, op, "input (N, C, D, H, W) and weight (O, C/groups, kD, kH, kW) "
-          "must be 5-D, got %s and %s" % (tuple(input.shape), tuple(weight.shape)))
-    return F.conv3d(input, weight, bias, list(stride), list(padding), list(dilation), groups)
-
-
-@impl("npu_conv3d")
-def npu_conv3d(input, weight, bias, stride, padding, dilation, groups):
-    """3-D convolution (cross-correlation) of ``input`` (N, C, D, H, W) with ``weight``
-    (O, C/groups, kD, kH, kW), zero ``padding`` on both sides, ``stride``, ``dilation``, ``groups``,
-    plus ``bias`` (O,): ``torch.nn.functional.conv3d``. Differentiable."""
-    return _conv3d("npu_conv3d", input, weight, bias, stride, padding, dilation, groups)
-
-
-@impl("npu_conv3d.out")
-def npu_conv3d_out(input, weight, bias, stride, padding, dilation, groups, *, out):
-    """:func:`npu_conv3d` written into ``out`` (resized if needed)."""
-    return _write_out(out, _conv3d("npu_conv3d", input, weight, bias, stride, padding, dilation, groups))
 
 
 # ----------------------------------------------------------------- random, memory
@@ -166,24 +139,3 @@ def empty_with_swapped_memory(size, *, dtype=None, device=None):
 
 
 # ----------------------------------------------------------------- sparse row gather
-
-
-@impl("npu_gather_sparse_index")
-def npu_gather_sparse_index(input, index):
-    """Row gather along dim 0: ``y[i..., j...] = input[index[i...], j...]``; output shape
-    ``index.shape + input.shape[1:]``. ``index`` int32/int64 in ``[0, input.shape[0])`` (no
-    negative indices). Differentiable in ``input`` (gradient: :func:`npu_gather_sparse_index_backward`)."""
-    op = "npu_gather_sparse_index"
-    check(input.dim() >= 1, op, "input must have at least 1 dim")
-    check(index.dtype in (torch.int32, torch.int64), op, "index must be int32 or int64, got %s" % index.dtype)
-    rows = input.index_select(0, index.reshape(-1))
-    return rows.reshape(tuple(index.shape) + tuple(input.shape[1:]))
-
-
-@impl("npu_gather_sparse_index_backward")
-def npu_gather_sparse_index_backward(grad, self_sizes, index):
-    """Gradient of :func:`npu_gather_sparse_index`: zeros of ``self_sizes`` with each row of
-    ``grad`` added into row ``index[...]`` (repeated indices accumulate)."""
-    sizes = list(self_sizes)
-    flat = grad.reshape([-1] + sizes[1:])
-    return grad.new_zeros(sizes).index_add(0, index.reshape(-1), flat)

@@ -1,18 +1,10 @@
 """Shape, matmul and encoding ops: transposes, slice, broadcast, linear, bmmV2, one_hot."""
 import torch
-import torch.nn.functional as F
 
-from torch_npu.op_plugin._common import check, fresh
+from torch_npu.op_plugin._common import check, fresh, write_out
 from torch_npu.op_plugin._registry import impl
 
 __all__ = []
-
-
-def _write_out(out, result):
-    if tuple(out.shape) != tuple(result.shape):
-        out.resize_(result.shape)
-    out.copy_(result)
-    return out
 
 
 def _check_perm(op, perm, ndim):
@@ -42,7 +34,7 @@ def npu_transpose(self, perm, require_contiguous=True):
 def npu_transpose_out(self, perm, require_contiguous=True, *, out):
     """``out = x.permute(perm)`` (resized if needed)."""
     _check_perm("npu_transpose", perm, self.dim())
-    return _write_out(out, self.permute(list(perm)))
+    return write_out(out, self.permute(list(perm)))
 
 
 @impl("npu_confusion_transpose")
@@ -101,7 +93,7 @@ def npu_slice(self, offsets, size):
 @impl("npu_slice.out")
 def npu_slice_out(self, offsets, size, *, out):
     """``out = x[o0:o0+s0, ...]`` (resized if needed)."""
-    return _write_out(out, _slice("npu_slice", self, offsets, size))
+    return write_out(out, _slice("npu_slice", self, offsets, size))
 
 
 @impl("npu_broadcast")
@@ -113,34 +105,10 @@ def npu_broadcast(self, size):
 @impl("npu_broadcast.out")
 def npu_broadcast_out(self, size, *, out):
     """``out = x.expand(size)`` (resized if needed)."""
-    return _write_out(out, self.expand(list(size)))
+    return write_out(out, self.expand(list(size)))
 
 
 # ----------------------------------------------------------------- matmuls
-
-
-@impl("npu_linear")
-def npu_linear(input, weight, bias=None):
-    """``y = input @ weight^T + bias`` (``torch.nn.functional.linear``)."""
-    return F.linear(input, weight, bias)
-
-
-@impl("npu_linear_backward")
-def npu_linear_backward(grad, input, weight):
-    """Gradients of :func:`npu_linear` (without bias):
-    ``d_input = grad @ weight``, ``d_weight = grad^T @ input`` (leading dims flattened).
-    Returns ``(d_input, d_weight)``."""
-    d_input = grad.matmul(weight)
-    g2 = grad.reshape(-1, grad.shape[-1])
-    x2 = input.reshape(-1, input.shape[-1])
-    return d_input, g2.t().matmul(x2)
-
-
-@impl("npu_bmmV2")
-def npu_bmmV2(self, mat2, output_sizes):
-    """Batched matmul ``y = self @ mat2`` (``torch.matmul`` broadcasting);
-    ``output_sizes`` is a shape hint for the hardware kernel and does not change the result."""
-    return torch.matmul(self, mat2)
 
 
 # ----------------------------------------------------------------- one_hot

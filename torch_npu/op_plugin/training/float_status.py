@@ -61,3 +61,9 @@ def npu_clear_float_status(self, mode=0):
 
 
 torch.fx.node.has_side_effect(torch.ops.npu.npu_clear_float_status.default)
+
+
+@impl("_amp_foreach_non_finite_check")
+def _amp_foreach_non_finite_check(scaled_grads):
+    """True when any of ``scaled_grads`` holds an inf or NaN (reads the flag on the host)."""
+    return any(bool((~torch.isfinite(g)).any()) for g in scaled_grads)

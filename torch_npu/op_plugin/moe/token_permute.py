@@ -1,5 +1,9 @@
-"""MoE token permute/unpermute backward ops (non-padded mode), built on the same index math
-as the emulated forwards in ``moe.py`` (``npu_moe_token_permute`` / ``npu_moe_token_unpermute``).
+"""MoE token permute / unpermute (non-padded mode) and their backward ops, on one index math.
+
+* ``npu_moe_token_permute``: replicate each token to its ``topK`` experts and sort the copies
+  by expert (stable); returns the permuted tokens and ``sorted_indices``.
+* ``npu_moe_token_unpermute``: the inverse, each token the (``probs``-weighted) sum of its
+  ``topK`` permuted rows.
 
 * ``npu_moe_token_permute_grad`` / ``_v2``: ``grad_tokens[t] = sum_k grad_permuted[sorted_indices[t*topK + k]]``
   (the MoeTokenPermuteGrad formula: index_select by ``sorted_indices``, reshape ``(-1, topK, H)``,
@@ -121,3 +125,64 @@ def npu_moe_token_unpermute_grad_v2(grad_unpermuted_tokens, sorted_indices, perm
 def _npu_moe_token_unpermute(permuted_tokens, sorted_indices, probs=None, padded_mode=False, restore_shape=None):
     out = torch.ops.npu.npu_moe_token_unpermute(permuted_tokens, sorted_indices, probs, padded_mode, restore_shape)
     return out, permuted_tokens.clone()
+
+
+def _topk_of(indices):
+    return 1 if indices.dim() == 1 else indices.shape[1]
+
+
+@impl("npu_moe_token_permute")
+def npu_moe_token_permute(tokens, indices, num_out_tokens=None, padded_mode=False):
+    """MoE permute (non-padded mode): replicate each token to its ``topK`` experts and sort by expert.
+
+    ``tokens`` [T, H]; ``indices`` [T, topK] or [T] (topK = 1) expert ids.
+    ``first = stable_argsort(flatten(indices))``, ``sorted_indices = argsort(first)``
+    (source slot -> destination row, int32), ``permuted[sorted_indices[i]] = tokens[i // topK]``.
+    ``num_out_tokens`` (None or <= 0: all ``T * topK``; larger values are clamped) keeps
+    the first rows. Returns ``(permuted_tokens, sorted_indices)``. ``padded_mode=True``
+    is not supported.
+    """
+    op = "npu_moe_token_permute"
+    if padded_mode:
+        unsupported(op, "padded_mode=True")
+    check(tokens.dim() == 2, op, "tokens must be 2D")
+    check(indices.dim() in (1, 2) and indices.shape[0] == tokens.shape[0], op,
+          "indices must be [T] or [T, topK] with T = tokens rows")
+    topk = _topk_of(indices)
+    total = indices.numel()
+    out_n = total if num_out_tokens is None or num_out_tokens <= 0 else min(num_out_tokens, total)
+    first = torch.sort(indices.reshape(-1), stable=True)[1]
+    sorted_indices = torch.empty_like(first).index_put(
+        (first,), torch.arange(total, dtype=first.dtype, device=first.device))
+    permuted = tokens.index_select(0, torch.div(first[:out_n], topk, rounding_mode="floor"))
+    return permuted, sorted_indices.to(torch.int32)
+
+
+@impl("npu_moe_token_unpermute")
+def npu_moe_token_unpermute(permuted_tokens, sorted_indices, probs=None, padded_mode=False, restore_shape=None):
+    """MoE unpermute (non-padded mode), the inverse of :func:`npu_moe_token_permute`.
+
+    With topK = ``probs.shape[1]`` (1 without ``probs``) and ``T = sorted_indices.numel() / topK``:
+    ``out[t] = sum_k probs[t, k] * permuted_tokens[sorted_indices[t * topK + k]]``;
+    destinations ``>= permuted_tokens.shape[0]`` (dropped by ``num_out_tokens``) count
+    as zero. Computed in float32 for float16/bfloat16; output [T, H] in the dtype of
+    ``permuted_tokens``. ``padded_mode=True`` is not supported; ``restore_shape`` is
+    only used in padded mode and ignored otherwise.
+    """
+    op = "npu_moe_token_unpermute"
+    if padded_mode:
+        unsupported(op, "padded_mode=True")
+    check(permuted_tokens.dim() == 2, op, "permuted_tokens must be 2D")
+    topk = 1 if probs is None else probs.shape[-1]
+    total = sorted_indices.numel()
+    check(total % topk == 0, op, "sorted_indices size %d is not a multiple of topK %d" % (total, topk))
+    t = total // topk
+    p, h = permuted_tokens.shape
+    idx = sorted_indices.reshape(-1).long()
+    valid = idx < p
+    rows = acc(permuted_tokens).index_select(0, torch.where(valid, idx, torch.zeros_like(idx)))
+    rows = (rows * valid.unsqueeze(-1).to(rows.dtype)).reshape(t, topk, h)
+    if probs is not None:
+        check(probs.numel() == total, op, "probs must have %d elements" % total)
+        rows = rows * acc(probs).reshape(t, topk, 1).to(rows.dtype)
+    return rows.sum(1).to(permuted_tokens.dtype)
