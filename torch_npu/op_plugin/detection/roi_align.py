@@ -114,3 +114,56 @@ def _backward(ctx, grad):
 
 
 torch.library.register_autograd("npu::npu_roi_align", _backward, setup_context=_setup_context, lib=_library())
+
+
+# roi_end_mode when the argument is None (op-plugin's aclnnROIAlignBackward call)
+_ROI_END_MODE_DEFAULT = 1
+
+
+def _roi_alignbk_checks(grad, rois, xdiff_shape, pooled_width, pooled_height, sample_num, mode):
+    op = "npu_roi_alignbk"
+    check(len(xdiff_shape) == 4, op, "xdiff_shape must be (B, C, H, W), got %s" % (list(xdiff_shape),))
+    check(grad.dim() == 4, op, "grad must be (N, C, pooled_height, pooled_width), got %s" % (tuple(grad.shape),))
+    check(rois.dim() == 2 and rois.size(1) == 5, op, "rois must be (N, 5), got %s" % (tuple(rois.shape),))
+    check(tuple(grad.shape) == (rois.size(0), xdiff_shape[1], pooled_height, pooled_width), op,
+          "grad must be (N, C, pooled_height, pooled_width) = %s, got %s"
+          % ((rois.size(0), xdiff_shape[1], pooled_height, pooled_width), tuple(grad.shape)))
+    check(mode in (0, 1, 2, 3), op, "roi_end_mode must be 0, 1, 2 or 3, got %d" % mode)
+    check(sample_num >= 0, op, "sample_num must be >= 0, got %d" % sample_num)
+
+
+def _roi_alignbk_fake(self, rois, xdiff_shape, pooled_width, pooled_height, spatial_scale, sample_num,
+                      roi_end_mode=None):
+    mode = _ROI_END_MODE_DEFAULT if roi_end_mode is None else roi_end_mode
+    _roi_alignbk_checks(self, rois, xdiff_shape, pooled_width, pooled_height, sample_num, mode)
+    return self.new_empty(tuple(xdiff_shape))
+
+
+@opaque("npu_roi_alignbk", _roi_alignbk_fake)
+def npu_roi_alignbk(self, rois, xdiff_shape, pooled_width, pooled_height, spatial_scale, sample_num,
+                    roi_end_mode=None):
+    """Gradient of npu_roi_align's features (see the module docstring); ``self`` is the
+    (N, C, pooled_height, pooled_width) gradient of the pooled output."""
+    op = "npu_roi_alignbk"
+    mode = _ROI_END_MODE_DEFAULT if roi_end_mode is None else roi_end_mode
+    _roi_alignbk_checks(self, rois, xdiff_shape, pooled_width, pooled_height, sample_num, mode)
+    b, c, h, w = (int(v) for v in xdiff_shape)
+    dtype = torch.float64 if self.dtype == torch.float64 else torch.float32
+    xdiff = torch.zeros((b, c, h * w), dtype=dtype, device=self.device)
+    grad = self.to(dtype)
+    for r, row in enumerate(rois.detach().double().cpu().tolist()):
+        bi = int(row[0])
+        check(0 <= bi < b, op, "roi batch index %d out of range for %d images" % (bi, b))
+        x1, y1, rw, rh = _roi_box(row[1:], spatial_scale, mode)
+        gh = sample_num if sample_num > 0 else max(1, math.ceil(rh / pooled_height))
+        gw = sample_num if sample_num > 0 else max(1, math.ceil(rw / pooled_width))
+        yl, yh, wy0, wy1, vy = _axis(y1, rh, pooled_height, gh, h, self.device, dtype)
+        xl, xh, wx0, wx1, vx = _axis(x1, rw, pooled_width, gw, w, self.device, dtype)
+        # each sample (bin-major, as the forward reshapes them) receives its bin's share
+        per_sample = grad[r].repeat_interleave(gh, dim=1).repeat_interleave(gw, dim=2) / (gh * gw)
+        per_sample = per_sample * (vy[:, None] & vx[None, :]).to(dtype)
+        for ys, wy in ((yl, wy0), (yh, wy1)):
+            for xs, wx in ((xl, wx0), (xh, wx1)):
+                flat = (ys[:, None] * w + xs[None, :]).reshape(-1)
+                xdiff[bi].index_add_(1, flat, (per_sample * (wy[:, None] * wx[None, :])).reshape(c, -1))
+    return xdiff.reshape(b, c, h, w).to(self.dtype)

@@ -18,6 +18,8 @@ import torch
 from torch_npu.op_plugin._common import check, unsupported
 from torch_npu.op_plugin._opaque_vjp import non_differentiable
 from torch_npu.op_plugin._registry import opaque
+from torch_npu.op_plugin._common import acc
+from torch_npu.op_plugin._registry import impl
 
 __all__ = []
 
@@ -139,3 +141,58 @@ def npu_rotated_iou(self, query_boxes, trans=False, mode=0, is_cross=True, v_thr
 
 
 non_differentiable("npu_rotated_overlaps", "npu_rotated_iou")
+
+
+# the coder kernels run float16 and float32 (float64 kept for gradcheck precision)
+_CODER_DTYPES = (torch.float16, torch.float32, torch.float64)
+
+
+def _check_coder(op, anchor, other, other_name, weight):
+    check(anchor.dim() == 3 and anchor.size(1) == 5, op,
+          "anchor_box must be (B, 5, N), got %s" % (tuple(anchor.shape),))
+    check(tuple(other.shape) == tuple(anchor.shape), op, "%s must have anchor_box's shape %s, got %s"
+          % (other_name, tuple(anchor.shape), tuple(other.shape)))
+    check(anchor.dtype == other.dtype, op, "anchor_box and %s must have the same dtype, got %s and %s"
+          % (other_name, anchor.dtype, other.dtype))
+    check(anchor.dtype in _CODER_DTYPES, op, "dtype must be float16 or float32, got %s" % (anchor.dtype,))
+    check(weight.numel() == 5, op, "weight must hold 5 values (x, y, w, h, angle), got %d" % weight.numel())
+
+
+def _centre_form(box):
+    """(cx, cy, w, h, angle) rows of a (B, 5, N) corner box; w and h clamped to >= 1 as the
+    kernels do."""
+    w = (box[:, 2] - box[:, 0]).clamp_min(1.0)
+    h = (box[:, 3] - box[:, 1]).clamp_min(1.0)
+    return box[:, 0] + w / 2, box[:, 1] + h / 2, w, h, box[:, 4]
+
+
+def _weights(weight, like):
+    return weight.to(device=like.device, dtype=like.dtype).reshape(1, 5, 1)
+
+
+@impl("npu_rotated_box_encode")
+def npu_rotated_box_encode(self, gt_bboxes, weight):
+    """Deltas (B, 5, N) of ``gt_bboxes`` relative to the anchors ``self`` (see the module
+    docstring); ``weight`` scales the five deltas."""
+    op = "npu_rotated_box_encode"
+    _check_coder(op, self, gt_bboxes, "gt_bboxes", weight)
+    ax, ay, aw, ah, at = _centre_form(acc(self))
+    gx, gy, gw, gh, gt = _centre_form(acc(gt_bboxes))
+    deltas = torch.stack([(gx - ax) / aw, (gy - ay) / ah, torch.log(gw / aw), torch.log(gh / ah),
+                          torch.tan(torch.deg2rad(gt)) - torch.tan(torch.deg2rad(at))], dim=1)
+    return (deltas * _weights(weight, deltas)).to(self.dtype)
+
+
+@impl("npu_rotated_box_decode")
+def npu_rotated_box_decode(self, deltas, weight):
+    """Boxes (B, 5, N) ``x1, y1, x2, y2, angle`` from the anchors ``self`` and ``deltas``
+    (inverse of npu_rotated_box_encode; ``deltas`` are divided by ``weight`` first)."""
+    op = "npu_rotated_box_decode"
+    _check_coder(op, self, deltas, "deltas", weight)
+    ax, ay, aw, ah, at = _centre_form(acc(self))
+    d = acc(deltas)
+    d = d / _weights(weight, d)
+    cx, cy = ax + d[:, 0] * aw, ay + d[:, 1] * ah
+    w, h = aw * torch.exp(d[:, 2]), ah * torch.exp(d[:, 3])
+    angle = torch.rad2deg(torch.atan(torch.tan(torch.deg2rad(at)) + d[:, 4]))
+    return torch.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2, angle], dim=1).to(self.dtype)
