@@ -1,0 +1,1 @@
+"""Serving-runtime ops (meta-only): attention-FFN disaggregation workers and model obfuscation."""

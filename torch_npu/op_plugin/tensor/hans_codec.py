@@ -1,0 +1,14 @@
+"""hans"""
+from torch_npu.op_plugin._registry import meta
+
+__all__ = []
+
+
+@meta("npu_hans_encode.out")
+def npu_hans_encode_out(input, statistic=False, reshuff=False, *, pdf, mantissa, fixed, var):
+    return pdf, mantissa, fixed, var
+
+
+@meta("npu_hans_decode.out")
+def npu_hans_decode_out(mantissa, fixed, var, pdf, reshuff=False, *, out):
+    return out
