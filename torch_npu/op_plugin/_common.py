@@ -37,6 +37,11 @@ def write_out(out, result):
     return out
 
 
+def new_empty(shape, dtype, like):
+    """An uninitialised tensor of ``shape`` and ``dtype`` on ``like``'s device (Meta kernels' outputs)."""
+    return like.new_empty(tuple(shape), dtype=dtype)
+
+
 def symbolic(t):
     """True for tensors that carry shapes only (meta, FakeTensor, functional tracing)."""
     if t.device.type == "meta":

@@ -34,10 +34,12 @@ non-differentiable (no backward is documented).
 import torch
 import torch.distributed as dist
 
-from torch_npu.op_plugin._common import check, unsupported
+from torch_npu.op_plugin._common import check, new_empty, unsupported
 from torch_npu.op_plugin._opaque_vjp import non_differentiable
+from torch_npu.op_plugin.quant.quantize import _dtype_or_default
 from torch_npu.op_plugin._registry import opaque_kernel
 from torch_npu.op_plugin.comm.matmul_collectives import _world
+from torch_npu.op_plugin._registry import meta
 
 __all__ = []
 
@@ -135,13 +137,12 @@ def _check_mc2_options(op, world_size, quant_scale, block_size, comm_turn, group
 
 
 def _y_dtype(op, x1, y_dtype):
-    from torch_npu.op_plugin.moe.meta_only import _dtype
     if x1.dtype in (torch.float16, torch.bfloat16):
-        dt = _dtype(op, "y_dtype", y_dtype, x1.dtype)
+        dt = _dtype_or_default(op, "y_dtype", y_dtype, x1.dtype)
         check(dt == x1.dtype, op, "when input is float16 or bfloat16, y_dtype must equal it, got %s" % dt)
         return dt
     check(y_dtype is not None, op, "y_dtype is required when x1 is %s" % x1.dtype)
-    dt = _dtype(op, "y_dtype", y_dtype, None)
+    dt = _dtype_or_default(op, "y_dtype", y_dtype, None)
     check(dt in (torch.float16, torch.bfloat16, torch.float32), op, "y_dtype must be float16, bfloat16 or float32")
     return dt
 
@@ -235,3 +236,39 @@ npu_all_gather_quant_mm = opaque_kernel("npu_all_gather_quant_mm", _all_gather_q
 
 non_differentiable("npu_all_to_all_matmul", "npu_matmul_all_to_all", "npu_quant_mm_reduce_scatter",
                    "npu_all_gather_quant_mm")
+
+
+def _check_world(op, world_size, allowed):
+    check(world_size in allowed, op, "world_size should be in %s, but the actual value is %d"
+           % (list(allowed), world_size))
+
+
+@meta("npu_quant_matmul_all_to_all")
+def npu_quant_matmul_all_to_all(x1, x2, hcom, world_size, bias=None, x1_scale=None, x2_scale=None,
+                                common_scale=None, x1_offset=None, x2_offset=None, x1_quant_mode=None,
+                                x2_quant_mode=None, common_quant_mode=None, group_sizes=None, all2all_axes=None,
+                                comm_quant_dtype=None, x1_dtype=None, x2_dtype=None, x1_scale_dtype=None,
+                                x2_scale_dtype=None, output_scale_dtype=None, comm_scale_dtype=None, y_dtype=None,
+                                comm_mode=None):
+    op = "npu_quant_matmul_all_to_all"
+    _check_world(op, world_size, (2, 4, 8, 16))
+    check(x1.dim() == 2 and x2.dim() == 2, op, "x1 and x2 must be 2-D")
+    return new_empty((x1.shape[0] * world_size, x2.shape[1] // world_size),
+                  _dtype_or_default(op, "y_dtype", y_dtype, torch.float32), x1)
+
+
+@meta("npu_all_to_all_quant_matmul")
+def npu_all_to_all_quant_matmul(x1, x2, hcom, world_size, *, all2all_out_flag=True, bias=None, x1_scale=None,
+                                x2_scale=None, common_scale=None, x1_offset=None, x2_offset=None, x1_quant_mode=None,
+                                x2_quant_mode=None, common_quant_mode=None, group_sizes=None, all2all_axes=None,
+                                comm_quant_dtype=None, x1_quant_dtype=None, x1_dtype=None, x2_dtype=None,
+                                x1_scale_dtype=None, x2_scale_dtype=None, output_scale_dtype=None,
+                                comm_scale_dtype=None, y_dtype=None, comm_mode=None):
+    op = "npu_all_to_all_quant_matmul"
+    _check_world(op, world_size, (2, 4, 8, 16))
+    check(x1.dim() == 2 and x2.dim() == 2, op, "x1 and x2 must be 2-D")
+    check(x1.shape[0] % world_size == 0, op, "the x1 first axis should be divisible by world_size")
+    rows = x1.shape[0] // world_size
+    out = new_empty((rows, x2.shape[1]), _dtype_or_default(op, "y_dtype", y_dtype, torch.float32), x1)
+    comm = new_empty((rows, x1.shape[1] * world_size), x1.dtype, x1) if all2all_out_flag else None
+    return out, comm

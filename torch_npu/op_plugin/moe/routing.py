@@ -2,8 +2,9 @@
 expert) and npu_moe_finalize_routing (combine the expert outputs back to token order)."""
 import torch
 
-from torch_npu.op_plugin._common import acc, check, unsupported
+from torch_npu.op_plugin._common import acc, check, new_empty, unsupported
 from torch_npu.op_plugin._registry import impl
+from torch_npu.op_plugin._registry import meta
 
 __all__ = []
 
@@ -85,3 +86,31 @@ def npu_moe_finalize_routing(expanded_permuted_rows, skip1, skip2, bias, scales,
 
 
 # ----------------------------------------------------------------- grouped matmul
+
+
+@meta("npu_moe_init_routing_quant")
+def npu_moe_init_routing_quant(x, expert_idx, *, scale=None, offset=None, active_num=1024, expert_capacity=0,
+                               expert_num=256, drop_pad_mode=0, expert_tokens_num_mode=0,
+                               expert_tokens_before_capacity_flag=False, quant_mode=1):
+    op = "npu_moe_init_routing_quant"
+    check(x.dim() == 2, op, "input tensor 'x' must be 2-dimensional")
+    check(expert_idx.dim() == 2, op, "input tensor 'expert_idx' must be 2-dimensional")
+    check(x.shape[0] == expert_idx.shape[0], op, "the rows of x and expert_idx must match")
+    check(drop_pad_mode in (0, 1), op, "drop_pad_mode must be 0 or 1")
+    check(quant_mode in (0, 1), op, "quant_mode must be 0 or 1")
+    check(expert_tokens_num_mode in (0, 1, 2), op, "expert_tokens_num_mode must be 0, 1, or 2")
+    bs, h = x.shape
+    k = expert_idx.shape[1]
+    if drop_pad_mode == 1:
+        expanded_shape = (expert_num, expert_capacity, h)
+        scale_len = expert_num * expert_capacity
+    else:
+        scale_len = min(bs * k, active_num) if active_num > 0 else bs * k
+        expanded_shape = (scale_len, h)
+    expanded_x = new_empty(expanded_shape, torch.int8, x)
+    expanded_row_idx = new_empty((bs * k,), expert_idx.dtype, x)
+    counts = new_empty((expert_num,), torch.int32, x) if drop_pad_mode == 0 and expert_tokens_num_mode > 0 else None
+    before_capacity = (new_empty((expert_num,), torch.int32, x)
+                       if drop_pad_mode == 1 and expert_tokens_before_capacity_flag else None)
+    expanded_scale = new_empty((scale_len,), torch.float32, x) if quant_mode == 1 else None
+    return expanded_x, expanded_row_idx, counts, before_capacity, expanded_scale

@@ -390,3 +390,14 @@ def _quantize_per_channel_impl_out(inputs, scales, zero_points, axis, dtype, *, 
     shape[ax] = inputs.shape[ax]
     return _quantize_into("_quantize_per_channel_impl", inputs, scales.reshape(shape), zero_points.reshape(shape),
                           dtype, result)
+
+
+def _dtype_or_default(op, argname, value, default):
+    """torch.dtype of an int/torch.dtype dtype argument (``default`` when None)."""
+    if value is None:
+        return default
+    dt = _decode_dtype(value)
+    if dt is None:
+        raise NotImplementedError("%s: %s=%s has no torch dtype on the CPU-emulated NPU"
+                                  % (op, argname, _dtype_name(value)))
+    return dt

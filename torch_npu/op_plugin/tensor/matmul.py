@@ -2,7 +2,8 @@
 import torch
 from torch_npu.op_plugin._registry import impl
 import torch.nn.functional as F
-from torch_npu.op_plugin._common import check, unsupported
+from torch_npu.op_plugin._common import check, new_empty, unsupported
+from torch_npu.op_plugin._registry import meta
 
 __all__ = []
 
@@ -224,3 +225,19 @@ def npu_transpose_batchmatmul(input, weight, *, bias=None, scale=None, perm_x1=N
         raise NotImplementedError("%s: an int64 scale carrying a packed offset is not supported" % op)
     q = torch.round(y.reshape(m, 1, bsz * n) * s.to(compute)).clamp(-128, 127)
     return q.to(torch.int8)
+
+
+@meta("_npu_matmul_abft_verify")
+def _npu_matmul_abft_verify(a, b, c, checksum_weight, *, e_max=0.001):
+    op = "_npu_matmul_abft_verify"
+    check(a.dim() == 2 and b.dim() == 2 and c.dim() == 2, op, "a, b and c must be 2-D")
+    check(checksum_weight.dim() == 1, op, "checksum_weight must be a 1D tensor")
+    check(a.shape[1] == b.shape[0], op, "the K dim of a (%d) must be equal to the K dim of b (%d)"
+           % (a.shape[1], b.shape[0]))
+    check(tuple(c.shape) == (a.shape[0], b.shape[1]), op, "c must have shape [M, N] = [%d, %d]"
+           % (a.shape[0], b.shape[1]))
+    check(e_max >= 0, op, "e_max must be non-negative, got %r" % e_max)
+    # one verdict bit per row and 256-column segment, 8 rows per byte
+    row_bytes = (a.shape[0] + 7) // 8
+    segments = (b.shape[1] + 255) // 256
+    return new_empty((row_bytes * segments,), torch.uint8, a)
