@@ -1,4 +1,12 @@
-"""kv"""
+"""npu_kv_rmsnorm_rope_cache (+ _v2, _v2_functional): the MLA kv RMSNorm + RoPE + cache update.
+
+The last dim of ``kv`` splits into the latent part (RMSNorm with ``gamma``) and the rope part
+(rotary embedding with ``cos`` / ``sin``); both are written into their caches at the slots of
+``index`` in the layout ``cache_mode`` names ("Norm", "PA", "PA_BNSD", "PA_NZ", "PA_BLK_BNSD",
+"PA_BLK_NZ"), optionally quantised with the given scales. Each function's docstring and
+docs/ops-cache.md give the formula and its source. The ``_v2`` forms are registered opaque (slot
+indices are read on the host).
+"""
 import torch
 from torch_npu.op_plugin._common import check
 from torch_npu.op_plugin._registry import impl, opaque

@@ -1,6 +1,7 @@
-"""Paged KV-cache bookkeeping (vLLM-style): npu_scatter_pa_kv_cache, npu_advance_step_flashattn.
+"""Paged KV-cache bookkeeping (vLLM-style): npu_scatter_pa_kv_cache (+ _functional), npu_advance_step_flashattn,
+npu_gather_pa_kv_cache (+ _functional) and npu_scatter_pa_cache.value.
 
-Both write their outputs in place and return nothing, as the real ops.
+The in-place ops write their outputs and return nothing, as the real ops.
 
 * ``npu_scatter_pa_kv_cache``: token t goes to slot ``s = slot_mapping[t]``, i.e. block
   ``s // block_size``, row ``s % block_size``. ND caches (num_blocks, block_size, heads,
@@ -17,6 +18,20 @@ Both write their outputs in place and return nothing, as the real ops.
   grows by one and the slot is ``block_tables[i, pos // block_size] * block_size +
   pos % block_size``. The speculative variant (``spec_token`` / ``accepted_num``) is not
   emulated ("last valid token" is not defined in the docs).
+* ``npu_gather_pa_kv_cache(key_cache, value_cache, block_tables, seq_lens, key, value, *,
+  seq_offset=None, is_seq_lens_cumsum=False)`` (aclnnGatherPaKvCache): the tokens of each
+  batch b are copied, batch after batch, into consecutive rows of ``key`` / ``value`` (in place;
+  the ``_functional`` variant returns updated copies). Token s of batch b comes from block
+  ``block_tables[b, seq_offset[b] // block_size + s // block_size]``, row ``s % block_size``.
+  ``seq_lens`` holds the lengths, or (``is_seq_lens_cumsum``) their running sum [0, l0, l0+l1,
+  ...]. Layout as op-plugin picks ``cache_mode``: 3-D ``key`` [tokens, heads, head_size] with
+  ND caches [num_blocks, block_size, heads, head_size] ("Norm"); 2-D ``key`` [tokens,
+  heads*head_size] with NZ-shaped caches [num_blocks, heads*head_size / a, block_size, a]
+  ("PA_NZ": the token's row is the concatenation of its ``a``-wide pieces). Rows of ``key``
+  past the gathered tokens are left as they are. The lengths and block ids are read on the
+  host, so both ops are registered opaque (a FakeTensor call only checks shapes).
+* ``npu_scatter_pa_cache.value``: the paged K-cache scatter of one key per slot (``slot_mapping``),
+  as npu_scatter_pa_kv_cache without the value cache.
 """
 import torch
 

@@ -1,4 +1,9 @@
-"""rq"""
+"""npu_rope_quant_kvcache and npu_dequant_rope_quant_kvcache: meta-only.
+
+Rotary embedding of q / k followed by the quantised KV-cache update. Not emulated (a real CPU / npu
+call raises NotImplementedError naming the op); the Meta kernels give the output shapes and
+dtypes from the ops' torch_npu documentation and op-plugin's output-size code (read, not copied).
+"""
 import torch
 from torch_npu.op_plugin._common import check
 from torch_npu.op_plugin._registry import meta

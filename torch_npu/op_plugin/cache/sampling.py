@@ -1,4 +1,15 @@
-"""sampling"""
+"""Logits sampling.
+
+* ``npu_top_k_top_p(logits, p, k)`` (aclnnApplyTopKTopP): per row b, sort ascending (stable);
+  top-k keeps the values >= the k[b]-th largest (``k[b] <= 0`` or ``k[b] >= V`` skips top-k);
+  top-p takes the softmax of the surviving sorted values, its cumulative sum from the smallest,
+  and drops the positions whose cumulative probability is <= 1 - p[b], always keeping the
+  largest; dropped positions become -inf, the rest keep their logit, in the original order.
+  ``k=None`` or ``p=None`` skips that filter (both None is an error, as aclnn's null check).
+  The softmax and cumulative sum run in float32 for float16/bfloat16 logits.
+* ``npu_top_k_top_p_sample``: meta-only (not emulated, a real call raises NotImplementedError
+  naming the op); its Meta kernel gives the documented output shapes and dtypes.
+"""
 import torch
 from torch_npu.op_plugin._common import acc, check
 from torch_npu.op_plugin._registry import impl

@@ -1,4 +1,9 @@
-"""sl"""
+"""npu_scatter_list(_): for each tensor ``i`` of the list ``self``, row ``indices[i]`` along ``axis``
+is replaced by ``updates[i]`` (copies; the ``_`` form updates in place). The tested scenario of
+op-plugin is emulated: ``reduce='update'``, ``axis`` -2 or -1, ``mask`` None or all ones.
+Registered opaque (indices are read on the host) and non-differentiable (op-plugin's derivatives
+have no entry either).
+"""
 import torch
 from torch_npu.op_plugin._common import check
 from torch_npu.op_plugin._opaque_vjp import non_differentiable

@@ -30,6 +30,9 @@ hifloat8 / float4 / int4 inputs, int64 (packed) scales, ``quant_scale``, ``block
 ("aiv", "ai_cpu", "ccu") only picks the communication engine and is accepted.
 Registered opaque (the exchange runs on real tensors; the fake kernel gives the shapes) and
 non-differentiable (no backward is documented).
+
+Meta-only (quantised all-to-all matmuls, not emulated; the Meta kernels give the documented
+shapes and dtypes): npu_quant_matmul_all_to_all, npu_all_to_all_quant_matmul.
 """
 import torch
 import torch.distributed as dist

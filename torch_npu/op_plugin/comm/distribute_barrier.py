@@ -1,4 +1,6 @@
-"""barrier"""
+"""``_npu_distribute_barrier``: a barrier across the ranks of a group: meta-only (its Meta kernel
+returns the input shape, a real call raises NotImplementedError naming the op).
+"""
 import torch
 from torch_npu.op_plugin._registry import meta
 

@@ -1,5 +1,4 @@
-"""Convolution ops and the backward ops torch_npu registers for convolution, matmul, FFT,
-reductions and repeat_interleave.
+"""Convolution ops and their backward ops.
 
 These are the internal ops the real torch_npu's autograd formulas call (its
 ``derivatives.yaml``); each has the meaning of the PyTorch function of the same name:
@@ -10,14 +9,7 @@ These are the internal ops the real torch_npu's autograd formulas call (its
 * ``*_backward(input, grad, weight, ..., output_mask)`` return ``(grad_input, grad_weight,
   grad_bias)``, each only where ``output_mask`` asks for it (an undefined output is ``None``),
   computed by ``aten::convolution_backward``.
-* ``matmul_double_backward``: the gradients of ``matmul_backward(grad_out, self, other)`` =
-  ``(grad_out @ other^T, self^T @ grad_out)``.
-* ``fft_c2r_backward`` / ``fft_r2c_backward``: PyTorch's formulas for ``_fft_c2r`` / ``_fft_r2c``.
-* ``stft_backward`` is not emulated (which framing the npu stft uses - centre padding, pad
-  mode - is not in its schema or docs); its Meta kernel gives the gradient's shape, ``self``'s.
-* ``npu_gather_backward``, ``npu_max_backward`` / ``npu_min_backward``,
-  ``repeat_interleave_backward_*``, ``npu_renorm_backward``: the gradients of gather, max/min
-  along a dim, repeat_interleave and renorm.
+* ``npu_conv3d(.out)``: ``aten::convolution`` of 5-D inputs.
 """
 import torch
 

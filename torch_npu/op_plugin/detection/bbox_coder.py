@@ -1,4 +1,7 @@
-"""bbox"""
+"""Box coder of Faster R-CNN: npu_bounding_box_encode (the deltas ``((gx - ax) / aw, (gy - ay) / ah,
+ln(gw / aw), ln(gh / ah))``, normalised by ``means`` / ``stds``) and npu_bounding_box_decode (its
+inverse, clipped to ``max_shape``, with the ``wh_ratio_clip`` limit on the size deltas).
+"""
 import math
 import torch
 from torch_npu.op_plugin._common import acc, check, unsupported

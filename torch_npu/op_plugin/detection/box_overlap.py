@@ -1,4 +1,20 @@
-"""Distance-aware box overlaps: npu_diou, npu_ciou (boxes stored column-wise, (4, n))."""
+"""Distance-aware box overlaps: npu_diou, npu_ciou (boxes stored column-wise, (4, n)) and their
+backward ops.
+
+* ``npu_diou_backward(grad, bboxes, gtboxes, trans, is_cross, mode)`` and
+  ``npu_giou_backward(...)`` (in ``detection/iou.py``): the vector-Jacobian product of npu_diou / npu_giou (the
+  ``DIoUGrad`` / ``GIoUGrad`` kernels): ``dbboxes = sum_k grad_k * d overlap_k / d bboxes``,
+  likewise ``dgtboxes``. op-plugin squeezes the leading 1 of the gradient (``[1, N]`` aligned
+  overlaps); any gradient holding one value per overlap is accepted. It computes in float32 for
+  float16 inputs and returns float16 if either box tensor is float16 (else the boxes' dtype).
+  npu_giou_backward only exists for ``trans=True, is_cross=False, mode=0`` (op-plugin's check,
+  same message); npu_diou_backward accepts what npu_diou accepts (``mode=0``, aligned or cross).
+* _npu_ciou: (overlap, atan_sub) with ``atan_sub = atan(w_gt / h_gt) - atan(w / h)`` and
+  the npu_ciou overlap; its gradient (CIoUGrad) treats ``alpha = v / (1 - iou + v)`` as a
+  constant, so alpha is detached here. npu_ciou_backward is that vector-Jacobian product,
+  with ``v`` taken from the given atan_sub, for the documented trans=True, is_cross=False,
+  mode=0 case.
+"""
 import math
 
 import torch

@@ -1,7 +1,9 @@
-"""Detection / indexing ops: npu_iou, npu_ptiou, npu_giou, npu_bounding_box_encode,
-npu_bounding_box_decode, npu_scatter_nd_update(_), scatter_update(_),
-npu_sign_bits_pack/unpack, npu_group_norm_silu, npu_softmax_cross_entropy_with_logits,
-npu_max.dim."""
+"""Axis-aligned IoU ops: npu_iou, npu_ptiou, npu_giou and npu_giou_backward.
+
+npu_giou_backward is the vector-Jacobian product of npu_giou (the ``GIoUGrad`` kernel):
+``dbboxes = sum_k grad_k * d giou_k / d bboxes``, likewise ``dgtboxes``; it exists only for
+``trans=True, is_cross=False, mode=0`` (op-plugin's check, same message).
+"""
 
 import torch
 

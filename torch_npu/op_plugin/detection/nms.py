@@ -1,9 +1,22 @@
-"""Non-maximum suppression: npu_nms_v4 (TensorFlow NonMaxSuppressionV4 semantics).
+"""Non-maximum suppression: npu_nms_v4 (TensorFlow NonMaxSuppressionV4 semantics), npu_batch_nms
+(batched multi-class), npu_nms_with_mask and npu_nms_rotated.
 
 The number of kept boxes depends on the values, so the op is registered opaque: one node
 under torch.compile, running the host NMS at run time; its fake kernel gives the
 unpadded index output a data-dependent length (an unbacked size, 0 <= n <= min(N,
-max_output_size))."""
+max_output_size)).
+
+npu_batch_nms and npu_nms_with_mask: IoU of axis-aligned boxes as ``nms._pair_iou`` (no +1 on widths); a box is suppressed when
+its IoU with an already kept box is ``> iou_threshold`` (the CANN NMSWithMask kernel tests
+``inter > thr / (1 + thr) * (area_a + area_b)``, the same condition). Values are read on
+the host (``tolist``), so both ops are registered opaque (one node under torch.compile,
+running the host NMS at run time); their fake kernels give the fixed output shapes
+(npu_batch_nms: T = max_total_size rows; npu_nms_with_mask: N rows).
+
+* npu_nms_rotated: greedy NMS of rotated boxes by descending score (ties keep input order),
+  suppressing IoU > iou_threshold; values are read on the host, so it is registered opaque
+  (its fake kernel gives the kept count an unbacked size).
+"""
 import torch
 from torch._subclasses.fake_tensor import is_fake
 

@@ -3,7 +3,16 @@
 The RoI boxes are read on the host, so the op is registered opaque (one node under
 torch.compile, running this kernel at run time; the fake kernel gives the output shape).
 Its gradient in the features is npu_roi_alignbk (RoIAlign's adjoint, itself opaque), so a
-compiled training step keeps both directions as single graph nodes; the boxes get none."""
+compiled training step keeps both directions as single graph nodes; the boxes get none.
+
+* ``npu_roi_alignbk(grad, rois, xdiff_shape, pooled_width, pooled_height, spatial_scale,
+  sample_num, roi_end_mode=None)``: the adjoint of npu_roi_align (``ROIAlignGrad``): every
+  bilinear sample of every bin sends ``grad / (samples per bin)`` times its four corner
+  weights back to the feature map ``xdiff_shape``; ``roi_end_mode=None`` is op-plugin's
+  default 1. RoIAlign is linear in the features, so this is its exact gradient. The RoI
+  boxes are read on the host (as npu_roi_align does), so the op is registered opaque: a
+  FakeTensor / Meta call returns the ``xdiff_shape`` output without reading values.
+"""
 import math
 
 import torch

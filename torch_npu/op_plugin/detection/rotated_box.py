@@ -1,4 +1,5 @@
-"""Rotated-box overlaps: npu_rotated_overlaps (intersection area), npu_rotated_iou.
+"""Rotated boxes: npu_rotated_overlaps (intersection area), npu_rotated_iou and the rotated box coder
+(npu_rotated_box_encode / npu_rotated_box_decode).
 
 Layout, from the op-plugin adapter: ``self`` (B, N, 5) and ``query_boxes`` (B, K, 5) (the
 adapter permutes them to the kernel's (B, 5, N)); output (B, N, K), ``out[b, n, k]`` for box
@@ -10,6 +11,12 @@ as convex polygons (Sutherland-Hodgman clipping) in float64 on the host; the res
 input dtype. Values are read on the host, so both ops are registered opaque (one node under
 torch.compile, running this host computation at run time); their fake kernels give the
 (B, N, K) shape. No backward (the real ops have none).
+
+* Rotated box coder: boxes are (B, 5, N) columns ``x1, y1, x2, y2, angle`` (degrees); the
+  kernels turn them into centre form with width and height clamped to >= 1. Encode gives
+  ``((gx - ax) / aw, (gy - ay) / ah, ln(gw / aw), ln(gh / ah), tan(gt) - tan(at))`` times
+  ``weight``; decode divides the deltas by ``weight`` and inverts it (angle
+  ``atan(tan(at) + dt)`` in degrees) back to corners. Computed in float32 for float16.
 """
 import math
 

@@ -1,4 +1,7 @@
-"""sub sample"""
+"""npu_sub_sample: random balanced sample of RPN / RoI labels (CANN SubSample), kept labels
+  unchanged, the rest set to -1.
+Semantics from the CANN SubSample kernel and torch_npu's golden.
+"""
 import torch
 from torch_npu.op_plugin._common import check
 from torch_npu.op_plugin._registry import impl

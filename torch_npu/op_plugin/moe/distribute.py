@@ -1,4 +1,12 @@
-"""dist"""
+"""MoE expert-parallel dispatch / combine (npu_moe_distribute_dispatch(_v2),
+npu_moe_distribute_combine(_v2), npu_moe_distribute_combine_add_rms_norm): meta-only.
+
+The computation runs an all-to-all between expert-parallel ranks and is not emulated: a real
+CPU / npu call raises NotImplementedError naming the op. The Meta kernels give the output shapes
+and dtypes from the ops' torch_npu documentation and op-plugin's own output-size code (read, not
+copied), so FakeTensor / torch.compile can trace through them; see docs/ops-moe.md for the
+per-op rules.
+"""
 import torch
 from torch_npu.op_plugin._common import check, new_empty
 from torch_npu.op_plugin._registry import meta

@@ -1,4 +1,4 @@
-"""Emulated: npu_grouped_matmul_add(_), npu_fused_matmul and npu_batch_gather_matmul(_).
+"""npu_grouped_matmul_add(_): grouped matmuls along K accumulated into ``self``.
 
 * ``npu_grouped_matmul_add_(self, x, weight, group_list)``: ``self[g] += x[K_g].T @ weight[K_g]``
   where ``K_g`` is group ``g``'s slice of the K axis (the doc's ``self = self + x @ weight`` with
@@ -9,18 +9,6 @@
   accumulated in float32. ``npu_grouped_matmul_add`` is the out-of-place form (a new tensor).
   Only the documented ``transpose_x=True``, ``transpose_weight=False``, ``group_type=2`` are
   supported; others raise NotImplementedError.
-* ``npu_fused_matmul``: ``y = op(x1 @ x2 + bias, x3)`` with ``fused_op_type`` ``""`` (none),
-  ``"16cast32"`` (none, float32 output), ``"add"`` (``+ x3``), ``"mul"`` (``* x3``), ``"relu"``,
-  ``"gelu_erf"`` / ``"gelu_tanh"`` (of ``x1 @ x2``, no bias). Computed in float32, returned in the
-  dtype of ``x1`` (float32 for ``"16cast32"``). float32 inputs are exact float32 here (the NPU runs
-  them as HF32). The documented rank / dtype / bias / x3 rules are validated.
-* ``npu_batch_gather_matmul(y, x, weight_b, indices, weight_a)`` (AddLora / BGMV):
-  ``y[i, y_offset : y_offset + H2] += scale * (x[i] @ weight_a[indices[i], layer_idx].T) @
-  weight_b[indices[i], layer_idx].T`` with ``weight_a (W, L, R, H1)`` (None: the first matmul is
-  skipped and ``weight_b`` is ``(W, L, H2, H1)``), ``weight_b (W, L, H2, R)``; float16 as documented,
-  float32 inside, rounded once. ``y_slice_size`` (-1: y's width) must equal H2, and indices must lie
-  in ``[0, W)`` (checked on real tensors, a host read): other cases are not documented and raise.
-  The ``_`` form updates ``y`` in place and returns it.
 """
 import torch
 

@@ -1,5 +1,6 @@
 """MoE routing: npu_moe_init_routing (expand the tokens by their experts and group them by
-expert) and npu_moe_finalize_routing (combine the expert outputs back to token order).
+expert), npu_moe_init_routing_v2 and npu_moe_finalize_routing (combine the expert outputs
+back to token order); npu_moe_init_routing_quant is meta-only (its Meta kernel gives the shapes).
 
 npu_moe_init_routing_v2: MoE routing (expand tokens by their K experts, group by expert).
 

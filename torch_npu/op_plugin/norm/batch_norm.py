@@ -1,4 +1,11 @@
-"""batch norm"""
+"""Batch-norm statistics ops.
+
+* ``batch_norm_gather_stats_update``: SyncBatchNorm's statistics merge (``torch.batch_norm_gather_stats_with_counts``)
+  plus the running mean / variance update.
+
+Meta-only (the computation is not documented precisely enough to emulate): ``batch_norm_reduce``
+and ``npu_normalize_batch``.
+"""
 import torch
 from torch_npu.op_plugin._registry import impl, meta
 

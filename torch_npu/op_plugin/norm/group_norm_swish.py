@@ -1,4 +1,5 @@
-"""npu_group_norm_swish (+ npu_group_norm_swish_grad): GroupNorm followed by swish.
+"""GroupNorm followed by an activation: npu_group_norm_swish (+ npu_group_norm_swish_grad) and
+npu_group_norm_silu (swish with scale 1).
 
 Documented formula: per (sample, group) ``mean = E[x]``, ``rstd = 1 / sqrt(Var[x] + eps)``
 (biased variance), ``h = (x - mean) * rstd * weight[c] + bias[c]``, and

@@ -1,9 +1,10 @@
-"""Meta kernels (output shapes and dtypes only) for the matmul, communication-matmul and MoE ops
-that are not emulated: FakeTensor / torch.compile can trace through them, a real CPU/npu call
+"""Meta kernels (output shapes and dtypes only) for the quantised matmul variants that are not
+emulated (npu_add_quant_gmm(_), npu_add_quant_matmul(_), npu_dual_level_quant_matmul,
+npu_matmul_compress_dequant): FakeTensor / torch.compile can trace through them, a real CPU/npu call
 still raises NotImplementedError naming the op.
 
 Shapes and dtypes follow the ops' torch_npu documentation and op-plugin's own output-size code
-(read, not copied): see docs/ops-matmul-moe-r8.md for the per-op rules. Integer dtype arguments
+(read, not copied): see docs/ops-quant.md for the per-op rules. Integer dtype arguments
 (``y_dtype``, ``output_dtype``, ...) take a ``torch.dtype``, its ScalarType code or a torch_npu
 ``_cd.DType`` code; one with no torch dtype (hifloat8, float4 ...) raises NotImplementedError
 naming the argument. Outputs the real op leaves undefined are returned as None.

@@ -1,5 +1,6 @@
 """Quantisation ops: npu_quantize, npu_anti_quant, npu_dynamic_quant(_asymmetric),
-npu_quant_matmul, npu_weight_quant_batchmatmul.
+npu_quant_matmul, npu_weight_quant_batchmatmul, and the ``_quantize_per_{tensor,channel}_impl.out``
+kernels behind ``torch.quantize_per_tensor`` / ``torch.quantize_per_channel``.
 
 dtype arguments (``dtype=``, ``dst_dtype=``, ``dst_type=``, ``output_dtype=``) are
 accepted as ``torch.dtype`` values (PyTorch passes them to the ``int`` schema slots as

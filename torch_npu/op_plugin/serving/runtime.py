@@ -1,11 +1,12 @@
-"""Meta kernels (output shapes and dtypes only) for the KV-cache, sampling and runtime ops of
-``torch.ops.npu`` that are not emulated (the detection and RNN ops that were here are emulated
-since round 9): FakeTensor / torch.compile can trace
-through them, a real CPU/npu call still raises NotImplementedError naming the op.
+"""Meta kernels (output shapes and dtypes only) for the serving-runtime ops of ``torch.ops.npu``,
+which are not emulated: the attention-FFN disaggregation workers (attention_worker_scheduler(_),
+ffn_worker_scheduler(_), npu_attention_to_ffn, npu_ffn_to_attention, npu_attention_worker_combine,
+npu_ffn_worker_batching) and model obfuscation (obfuscation_calculate, obfuscation_finalize).
+FakeTensor / torch.compile can trace through them, a real CPU/npu call still raises NotImplementedError naming the op.
 
 Shapes and dtypes follow the ops' torch_npu documentation and op-plugin's own output-size code
 (``_meta_registrations.py`` and the op_api/acl_op kernels; read, not copied). The per-op rules and
-their sources are listed in docs/ops-cache-misc-r8.md. In-place ops (``Tensor(a!)`` returns) give
+their sources are listed in docs/ops-cache.md. In-place ops (``Tensor(a!)`` returns) give
 back the mutated argument itself; ops whose schema returns ``()`` return None.
 """
 import torch

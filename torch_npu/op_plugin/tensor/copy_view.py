@@ -1,4 +1,11 @@
-"""copies"""
+"""Copies and views: ``copy_memory_``, ``npu_view_copy``, ``one_``, ``npu_reshape(.out)``,
+``npu_stride_copy(.out)`` (a copy of ``as_strided(shape, stride, storage_offset)``) and
+``get_storage_size`` (the element count of the tensor's storage). Each docstring states the
+formula and where it comes from.
+
+``npu_change_data_ptr`` (re-points one tensor's storage at another's memory) stays not
+emulated: the emulated device cannot move a live tensor's data pointer.
+"""
 import torch
 from torch_npu.op_plugin._common import check
 from torch_npu.op_plugin._registry import impl

@@ -1,28 +1,6 @@
-"""Internal tensor, loss-gradient, dtype and optimizer ops of ``torch.ops.npu``.
-
-Emulated (each docstring states the formula and where it comes from):
-
-* dtype casts: ``_npu_dtype_cast``, ``npu_dtype_cast`` (``dtype`` a ScalarType code or a
-  ``torch_npu.<dtype>`` constant), ``npu_dtype_cast_``, and their backward ops;
-* copies and views: ``copy_memory_``, ``npu_view_copy``, ``one_``, ``npu_reshape(.out)``,
-  ``npu_stride_copy(.out)``, ``get_storage_size``;
-* ``npu_scatter`` (the ArgMaxGrad kernel: scatter along ``dim`` with one index per
-  position of the other dims), ``npu_sort_v2(.out)``, ``npu_masked_fill_range`` and
-  ``npu_stride_add`` (semantics from the op-plugin test goldens);
-* loss gradients: ``kl_div_backward``, ``kl_div_target_backward``, ``l1_loss_backward``,
-  ``npu_binary_cross_entropy_with_logits_backward``,
-  ``npu_softmax_cross_entropy_with_logits_backward`` (the derivatives of PyTorch's losses);
-* dropout with a byte mask: ``_dropout_with_byte_mask(_backward)``;
-* ``_amp_foreach_non_finite_check``, ``batch_norm_gather_stats_update`` (SyncBatchNorm's
-  statistics merge), ``npu_apply_adam(.out)`` (CANN ApplyAdam), and
-  ``_quantize_per_{tensor,channel}_impl.out``.
-
-Meta kernels only (the computation is not documented precisely enough to emulate):
-``_npu_dropout_gen_mask.Tensor``, ``_npu_index_add(_)``, ``batch_norm_reduce``,
-``npu_normalize_batch`` (``npu_sub_sample`` is emulated in ``detection_more_r9.py``).
-
-``npu_change_data_ptr`` (re-points one tensor's storage at another's memory) stays
-not emulated: the emulated device cannot move a live tensor's data pointer.
+"""dtype casts: ``_npu_dtype_cast``, ``npu_dtype_cast`` (``dtype`` a ScalarType code or a
+``torch_npu.<dtype>`` constant), ``npu_dtype_cast_`` and their backward ops (the cast back to
+the input's dtype). A dtype code with no torch dtype raises NotImplementedError naming it.
 """
 
 from torch_npu.op_plugin._common import check

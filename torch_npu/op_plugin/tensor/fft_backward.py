@@ -1,4 +1,9 @@
-"""fft"""
+"""FFT backward ops: ``fft_c2r_backward`` / ``fft_r2c_backward`` (PyTorch's formulas for
+``_fft_c2r`` / ``_fft_r2c``).
+
+``stft_backward`` is meta-only (which framing the npu stft uses - centre padding, pad mode - is
+not in its schema or docs); its Meta kernel gives the gradient's shape, ``self``'s.
+"""
 import torch
 from torch_npu.op_plugin._registry import impl, meta
 

@@ -1,4 +1,9 @@
-"""hans"""
+"""npu_hans_encode.out / npu_hans_decode.out (the HANS encoder / decoder): meta-only.
+
+Not emulated: a real CPU / npu call raises NotImplementedError naming the op. The Meta kernels
+return the given ``out`` tensors (the schema's in-place outputs), so FakeTensor / torch.compile
+trace through them.
+"""
 from torch_npu.op_plugin._registry import meta
 
 __all__ = []

@@ -1,4 +1,39 @@
-"""matmul"""
+"""Matmul ops and the matmul backward ops.
+
+* ``npu_linear(input, weight, bias)`` = ``input @ weight^T + bias``, with its backward
+  ``npu_linear_backward``.
+* ``npu_bmmV2(self, mat2, output_sizes)``: batched matmul, with ``npu_bmm_v2_mat1_backward`` /
+  ``npu_bmm_v2_mat2_backward`` its gradients w.r.t. each operand.
+* ``matmul_double_backward``: the gradients of ``matmul_backward(grad_out, self, other)`` =
+  ``(grad_out @ other^T, self^T @ grad_out)``.
+* ``npu_fused_matmul``: ``y = op(x1 @ x2 + bias, x3)`` with ``fused_op_type`` ``""`` (none),
+  ``"16cast32"`` (none, float32 output), ``"add"`` (``+ x3``), ``"mul"`` (``* x3``), ``"relu"``,
+  ``"gelu_erf"`` / ``"gelu_tanh"`` (of ``x1 @ x2``, no bias). Computed in float32, returned in the
+  dtype of ``x1`` (float32 for ``"16cast32"``). float32 inputs are exact float32 here (the NPU runs
+  them as HF32). The documented rank / dtype / bias / x3 rules are validated.
+* ``npu_batch_gather_matmul(y, x, weight_b, indices, weight_a)`` (AddLora / BGMV):
+  ``y[i, y_offset : y_offset + H2] += scale * (x[i] @ weight_a[indices[i], layer_idx].T) @
+  weight_b[indices[i], layer_idx].T`` with ``weight_a (W, L, R, H1)`` (None: the first matmul is
+  skipped and ``weight_b`` is ``(W, L, H2, H1)``), ``weight_b (W, L, H2, R)``; float16 as documented,
+  float32 inside, rounded once. ``y_slice_size`` (-1: y's width) must equal H2, and indices must lie
+  in ``[0, W)`` (checked on real tensors, a host read): other cases are not documented and raise.
+  The ``_`` form updates ``y`` in place and returns it.
+* ``npu_transpose_batchmatmul``: batched matmul with permuted operands and output.
+
+``y = permute(permute(input, perm_x1) @ permute(weight, perm_x2), perm_y)``: dim 0 of each
+permuted operand is the batch, the other two multiply. Documented values: ``perm_x1`` in
+{[0,1,2], [1,0,2]} (input ``(B, M, K)`` or ``(M, B, K)``), ``perm_x2 = [0,1,2]`` (weight
+``(B, K, N)``), ``perm_y = [1,0,2]`` (output ``(M, B, N)``). With an int64 ``scale`` of
+``B * N`` values (from npu_trans_quant_param) the output is int8 of shape ``(M, 1, B * N)``:
+``rint(y * scale)`` saturated. Accumulation is float32, the float output has the input dtype.
+
+Not emulated (NotImplementedError): ``bias`` (documented as not supported yet),
+``batch_split_factor > 1`` (the element order of the split output is not documented), other
+permutations.
+
+Meta-only: ``_npu_matmul_abft_verify`` (ABFT checksum verification of a matmul): FakeTensor /
+torch.compile trace through it, a real call raises NotImplementedError naming the op.
+"""
 import torch
 from torch_npu.op_plugin._registry import impl
 import torch.nn.functional as F

@@ -1,4 +1,7 @@
-"""max min"""
+"""Max / min along a dimension: ``npu_max.dim`` / ``npu_min.dim`` (values and int32 indices, as
+``torch.max`` / ``torch.min`` along ``dim``) and their backward ops ``npu_max_backward`` /
+``npu_min_backward`` (the gradient scattered to the selected positions).
+"""
 import torch
 from torch_npu.op_plugin._registry import impl
 

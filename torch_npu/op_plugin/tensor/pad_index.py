@@ -1,5 +1,6 @@
-"""Tensor-level ops: npu_pad, npu_indexing (strided slice), npu_conv3d, npu_sim_exponential_,
-npu_prefetch, empty_with_swapped_memory."""
+"""Tensor-level ops: npu_pad, npu_indexing (strided slice), npu_sim_exponential_,
+npu_prefetch, empty_with_swapped_memory.
+"""
 import torch
 import torch.nn.functional as F
 

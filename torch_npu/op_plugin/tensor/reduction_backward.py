@@ -1,4 +1,7 @@
-"""ri"""
+"""Backward ops torch_npu's autograd formulas call (its ``derivatives.yaml``):
+``repeat_interleave_backward_int`` / ``_tensor`` (the gradient summed over each repeated
+group) and ``npu_renorm_backward`` (the gradient of ``torch.renorm``).
+"""
 import torch
 from torch_npu.op_plugin._common import check
 from torch_npu.op_plugin._registry import impl

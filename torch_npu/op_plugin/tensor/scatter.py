@@ -1,4 +1,13 @@
-"""scatter"""
+"""Scatter and index-update ops.
+
+* ``npu_scatter`` (the ArgMaxGrad kernel: scatter along ``dim`` with one index per position of
+  the other dims) and ``npu_masked_fill_range`` (semantics from the op-plugin test goldens);
+* ``npu_scatter_nd_update(_)`` (TensorFlow ``ScatterNdUpdate``: ``self[indices[i]] = updates[i]``)
+  and ``scatter_update(_)`` (per-batch slab update, KV-cache style: for each ``b`` the slab of
+  ``updates[b]`` is written along ``axis`` from ``indices[b]``).
+
+Meta-only (the computation is not documented precisely enough to emulate): ``_npu_index_add(_)``.
+"""
 import torch
 from torch_npu.op_plugin._common import check
 from torch_npu.op_plugin._registry import impl, meta

@@ -1,4 +1,6 @@
-"""Shape, matmul and encoding ops: transposes, slice, broadcast, linear, bmmV2, one_hot."""
+"""Shape and encoding ops: npu_transpose(.out), npu_confusion_transpose (+ backward), npu_slice(.out),
+npu_broadcast(.out) and npu_one_hot.
+"""
 import torch
 
 from torch_npu.op_plugin._common import check, fresh, write_out

@@ -1,4 +1,7 @@
-"""sign bits"""
+"""Sign-bit packing: ``npu_sign_bits_pack`` packs the signs (x >= 0) of a float tensor into
+uint8 bytes (8 per byte, padded), reshaped to ``(size, -1)``; ``npu_sign_bits_unpack`` turns the bits
+back into +1 / -1 values of ``dtype``, shaped ``(size, -1)``.
+"""
 import torch
 import torch.nn.functional as F
 from torch_npu.op_plugin._common import check, unsupported

@@ -1,4 +1,6 @@
-"""sort"""
+"""npu_sort_v2(.out): values of ``self`` sorted along ``dim`` (no indices), as
+``torch.sort(...).values`` (semantics from the op-plugin test golden).
+"""
 import torch
 from torch_npu.op_plugin._registry import impl
 

@@ -1,4 +1,7 @@
-"""stride_add"""
+"""npu_stride_add(self, other, offset1, offset2, c1_len): the sum of the channel slices
+``self[:, offset1:]`` and ``other[:, offset2:]`` of two 5-D (NC1HWC0) tensors, each zero-padded
+along dim 1 to ``16 * c1_len`` channels (semantics from the op-plugin test golden).
+"""
 import torch
 from torch_npu.op_plugin._common import check
 from torch_npu.op_plugin._registry import impl

@@ -1,4 +1,7 @@
-"""Adam"""
+"""Optimizer steps: ``npu_apply_adam`` (CANN ApplyAdam), ``npu_bert_apply_adam`` (BertAdam) and
+``npu_apply_adam_w`` (AdamW), each with its ``.out`` overload updating ``var``, ``m``, ``v`` in
+place. The formulas are in each op's docstring.
+"""
 import torch
 from torch_npu.op_plugin._common import acc, check, unsupported
 from torch_npu.op_plugin._registry import impl

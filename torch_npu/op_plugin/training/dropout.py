@@ -1,4 +1,24 @@
-"""Dropout"""
+"""Dropout ops.
+
+* ``_npu_dropout`` (+ ``npu_dropout_backward``), ``npu_dropout_gen_mask`` and
+  ``npu_dropout_do_mask``: dropout whose keep mask is bit-packed (one bit per element, the
+  byte count padded to a multiple of 16 per 128 elements, as the NPU stores it); kept values
+  are scaled by ``1 / (1 - p)``.
+* ``_dropout_with_byte_mask`` (+ ``_backward``): the same with one byte per element.
+* dropout_with_byte_mask (non-public ``torch.ops.npu`` op behind
+``torch_npu.contrib.function.dropout_with_byte_mask``).
+
+Dropout: each element is zeroed with probability ``p`` and the others are scaled by
+``1 / (1 - p)`` when ``train``; identity otherwise. On hardware the keep mask is stored as
+one byte per element; that storage is invisible in the result, whose distribution is the
+ordinary dropout's, so the emulator draws it with ``torch.nn.functional.dropout`` from the
+tensor's device generator (masks are not bit-identical to hardware). Differentiable (the
+gradient is the same mask and scale).
+
+Masks are drawn from the generator of the input's device; the bits are not the NPU's Philox
+stream. Meta-only: ``_npu_dropout_gen_mask.Tensor`` (its mask layout is not documented precisely
+enough to emulate).
+"""
 import torch
 from torch_npu.op_plugin._common import check, unsupported
 from torch_npu.op_plugin._registry import impl

@@ -10,6 +10,9 @@ Reading and clearing the register are opaque ops (``_registry.opaque``): under
 ``torch.compile`` they stay graph nodes that touch the register when the graph runs, instead
 of the flag value seen while tracing being baked in; clearing is marked side-effecting so that
 an unused result does not let the compiler drop it.
+
+``_amp_foreach_non_finite_check``: True when any of the scaled gradients holds an inf or NaN
+(the check AMP's GradScaler runs).
 """
 import torch
 

@@ -1,4 +1,13 @@
-"""Training ops: cross-entropy loss, BertAdam / AdamW optimizer steps, dropout with a bit-packed mask."""
+"""Losses and their gradients.
+
+* ``npu_cross_entropy_loss`` (+ ``_backward``): cross-entropy over the last dim with class
+  weights, ``ignore_index``, label smoothing and the optional z-loss (``lse_square_scale_for_zloss``).
+* ``npu_softmax_cross_entropy_with_logits`` (TensorFlow's: ``-sum(labels * log_softmax(x), -1)``)
+  and its backward.
+* loss gradients: ``kl_div_backward``, ``kl_div_target_backward``, ``l1_loss_backward``,
+  ``npu_binary_cross_entropy_with_logits_backward`` (the derivatives of PyTorch's losses,
+  ``reduction`` as the ``at::Reduction`` code).
+"""
 import torch
 import torch.nn.functional as F
 

@@ -1,4 +1,10 @@
-"""silent"""
+"""``_npu_silent_check`` (+ ``_v2``, ``_v3``): the silent-data-corruption checks of torch_npu's
+training step: meta-only.
+
+Not emulated: a real CPU / npu call raises NotImplementedError naming the op. The Meta kernels give
+the output shapes and dtypes from op-plugin's own output-size code (read, not copied), so
+FakeTensor / torch.compile trace through them; in-place ops give back the mutated argument itself.
+"""
 import torch
 from torch_npu.op_plugin._registry import meta
 
