@@ -8,7 +8,7 @@ npu_quant_lightning_indexer (torch_npu docs): per query token and key position j
 with Per-Token-Head scales (``query_quant_mode`` = ``key_quant_mode`` = 0): ``query_dequant_scale``
 has the query's shape without D, ``key_dequant_scale`` the key's. Dequantizing ``Q[h] * Scale_Q[h]``
 and ``K[j] * Scale_K[j]`` in float32 turns this into npu_lightning_indexer's score, whose top-k,
-masks and layouts (``attention_r4_indexer.py``) are reused unchanged.
+masks and layouts (``attention/lightning_indexer.py``) are reused unchanged.
 
 npu_kv_quant_sparse_flash_attention (torch_npu docs and the op-plugin golden): MLA-absorb
 (``attention_mode`` 2) with a combined per-tile cache (``quant_scale_repo_mode`` 1,
@@ -17,7 +17,7 @@ npu_kv_quant_sparse_flash_attention (torch_npu docs and the op-plugin golden): M
 and the query is ``[q_nope (dn) | q_rope (rope_head_dim)]``. Dequant (as the golden):
 ``K_nope = (float32(k_nope) * scale[t // tile_size]).to(query dtype)``; values are the same
 dequantized K_nope (K and V are one copy in MLA-absorb; the ``value`` tensor's contents are not
-read). Then npu_sparse_flash_attention (``attention_r4_sparse.py``) with the rope parts gives
+read). Then npu_sparse_flash_attention (``attention/sparse_flash.py``) with the rope parts gives
 ``softmax(scale_value * [q_nope, q_rope] . [K_nope, k_rope]) @ K_nope``, output D = dn.
 
 Precision: the sibling kernels compute in float32; the hardware's intermediate roundings (the

@@ -1,4 +1,4 @@
-"""Layouts shared by the round-4 sparse / indexer attention ops (no op of its own).
+"""Layouts shared by the sparse flash attention and lightning indexer ops (no op of its own).
 
 Queries come as BSND [B, S1, N, D] or TND [T1, N, D] (``actual_seq_lengths_query`` then holds
 cumulative token counts and gives B); keys as BSND, TND (cumulative

@@ -143,7 +143,7 @@ def npu_kv_rmsnorm_rope_cache(kv, gamma, cos, sin, index, k_cache, ckv_cache, *,
     (``y = x / sqrt(mean(x^2) + epsilon) * gamma``) and the RoPE part (de-interleaved, then
     ``k*cos + rotate_half(k)*sin``); ``y`` goes to ``ckv_cache``, the rotated k to ``k_cache``
     (int8 ``round(v * scale)`` with ``k_rope_scale`` / ``c_kv_scale``), at the positions of
-    ``index`` per ``cache_mode`` (see docs/ops-cache-misc-r8.md); negative offsets are skipped.
+    ``index`` per ``cache_mode`` (see docs/ops-cache.md); negative offsets are skipped.
     The caches are updated in place and returned (as the real op); then k_rope, c_kv in kv's
     dtype. With ``is_output_kv=False`` the real kernel leaves k_rope / c_kv unwritten; the
     computed values are returned here.

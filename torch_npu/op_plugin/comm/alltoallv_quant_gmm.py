@@ -1,6 +1,6 @@
 """npu_alltoallv_quant_gmm / npu_quant_gmm_alltoallv: the MX-quantised AlltoAllv + grouped matmul ops.
 
-Same routing as ``npu_alltoallv_gmm`` / ``npu_gmm_alltoallv`` (``alltoallv_gmm_r4.py``: counts
+Same routing as ``npu_alltoallv_gmm`` / ``npu_gmm_alltoallv`` (``comm/alltoallv_gmm.py``: counts
 ``[rank * e + expert]``, Permute to (expert, source rank) after the exchange, Unpermute to
 (destination rank, expert) before it). The matmuls follow the torch_npu docs:
 ``gmm_y = (x * x_scale) @ (w * w_scale)`` per expert and ``mm_y = (mm_x * mm_x_scale) @
@@ -17,7 +17,7 @@ Not emulated (NotImplementedError): T-T mode (quant mode 1; documented only for 
 ``*_dtype=torch_npu.hifloat8``, not read in this pass), float4 / hifloat8 ``*_dtype`` arguments,
 other group sizes, ``send_counts_tensor``/``recv_counts_tensor`` ("only None"), ``comm_quant_scale``
 / ``comm_quant_dtype`` ("not supported yet"), ``comm_quant_mode`` other than 0, ``comm_mode``.
-Outputs the real op leaves undefined are empty ``(0,)`` tensors, as in ``alltoallv_gmm_r4.py``.
+Outputs the real op leaves undefined are empty ``(0,)`` tensors, as in ``comm/alltoallv_gmm.py``.
 """
 import torch
 
@@ -188,7 +188,7 @@ def _npu_quant_gmm_alltoallv(shapes_only, gmm_x, gmm_weight, gmm_x_scale, gmm_we
     return _alltoallv(gmm_y.index_select(0, index), group, send_counts, recv_counts, world, e), mm_y
 
 
-# Registered opaque, as npu_alltoallv_gmm (alltoallv_gmm_r4.py): the exchange needs real
+# Registered opaque, as npu_alltoallv_gmm (comm/alltoallv_gmm.py): the exchange needs real
 # tensors; the fake kernel gives the shapes. float8 inputs carry no gradient.
 npu_alltoallv_quant_gmm = opaque_kernel("npu_alltoallv_quant_gmm", _npu_alltoallv_quant_gmm)
 npu_quant_gmm_alltoallv = opaque_kernel("npu_quant_gmm_alltoallv", _npu_quant_gmm_alltoallv)

@@ -1,6 +1,6 @@
-"""Meta kernels (output shapes and dtypes only) for the quantising norm ops and the
-quantisation ops whose computation is not emulated yet (the emulated ones are in
-norm_quant_rms_quant_r8.py, norm_quant_int8_r8.py and norm_quant_fp8_r8.py).
+"""Meta kernels (output shapes and dtypes only) for the quantisation ops whose computation is not
+emulated yet: npu_dynamic_dual_level_mx_quant, npu_grouped_dynamic_block_quant,
+npu_kronecker_quant, npu_swiglu_group_quant, npu_ifmr and npu_weight_quant_preprocess.
 
 Each function has the op's schema signature and returns empty outputs with the shapes and
 dtypes op-plugin's adapter (``op_plugin/ops/opapi/*``) and meta registrations allocate, so

@@ -318,7 +318,7 @@ def npu_weight_quant_batchmatmul(x, weight, antiquant_scale, antiquant_offset=No
     output in ``x.dtype``. ``inner_precise`` (0/1) is a precision hint and ignored.
     int32 ``weight``: int4 values packed 8 per int32 by npu_convert_weight_to_int4pack,
     ``(k, n / 8)`` or the transposed view ``(k / 8, n)`` of a packed ``(n, k / 8)``; unpacked
-    to ``[k, n]`` by ``int4pack_r7.unpack_int4_weight``.
+    to ``[k, n]`` by ``quant.int4pack.unpack_int4_weight``.
     ``quant_scale``/``quant_offset`` (int8 output), ``weight_dtype``, and other weight
     dtypes raise NotImplementedError.
     """

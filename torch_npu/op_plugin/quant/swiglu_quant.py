@@ -3,7 +3,7 @@ npu_dequant_swiglu_quant, npu_dequant_bias.
 
 Semantics come from op-plugin's goldens (``test/test_custom_ops/test_npu_swiglu_quant*.py``,
 ``test_npu_dequant_swiglu_quant.py``) and CANN's DequantBias kernel source, which settle what
-the prose docs leave open (see docs/ops-swiglu-quant-r9.md):
+the prose docs leave open (see docs/ops-quant.md):
 
 * npu_swiglu_quant, dynamic mode (quant_mode=1): ``s = swish(A) * B`` (``activate_left``) or
   ``A * swish(B)`` (A, B the two halves of the last dim); ``s *= smooth_scales[g]`` for the

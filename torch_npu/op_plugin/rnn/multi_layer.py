@@ -30,7 +30,7 @@ seq_length, has_biases, num_layers, dropout, train, bidirectional or batch_first
 passes them along; the kernel is fixed UNIDIRECTIONAL, time major, training): accepted and ignored.
 
 Per step (nn.GRU): r = sigmoid(x W_ir + b_ir + h W_hr + b_hr), z likewise, hn = h W_hn + b_hn,
-n = tanh(x W_in + b_in + r * hn), h' = (1 - z) * n + z * h. LSTM: lstm_r7's recurrence.
+n = tanh(x W_in + b_in + r * hn), h' = (1 - z) * n + z * h. LSTM: rnn.lstm's recurrence.
 
 Computed in float32 (float64 stays float64 so gradcheck can run), results in the input dtype
 (npu_gru: bias_input's). Autograd: gradients reach input, hx and params from y and the final
@@ -187,7 +187,7 @@ def _param_grads(params, has_biases, per_cell_grads):
 
 def _lstm_stack(x, h0, c0, params, has_biases, num_layers, directions):
     """Forward of the layer stack in the compute dtype. Returns (y, hy, cy, [per-cell outs])
-    where each per-cell out is lstm_r7's (h, c, i, j, f, o, tanhc)."""
+    where each per-cell out is rnn.lstm's (h, c, i, j, f, o, tanhc)."""
     cells, layer_in = [], x
     for layer in range(num_layers):
         for d in range(directions):

@@ -6,7 +6,7 @@ FakeTensor / torch.compile can trace through them, a real CPU/npu call still rai
 
 Shapes and dtypes follow the ops' torch_npu documentation and op-plugin's own output-size code
 (``_meta_registrations.py`` and the op_api/acl_op kernels; read, not copied). The per-op rules and
-their sources are listed in docs/ops-cache.md. In-place ops (``Tensor(a!)`` returns) give
+their sources are listed in docs/ops-serving.md. In-place ops (``Tensor(a!)`` returns) give
 back the mutated argument itself; ops whose schema returns ``()`` return None.
 """
 import torch
