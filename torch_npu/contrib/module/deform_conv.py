@@ -2,7 +2,7 @@
 ``npu_deformable_conv2d`` (forward) and ``npu_deformable_conv2dbk`` (backward).
 
 mmcv's offset interleaves (dy, dx) per kernel tap; the npu op wants all dx, then all dy, then the
-mask (see torch_npu/op_plugin/deformable_conv2d_r7.py), hence the ``sort_index_for_npu_*`` permutations.
+mask (see torch_npu/op_plugin/conv/deformable_conv2d.py), hence the ``sort_index_for_npu_*`` permutations.
 As in torch_npu the op's kernel_size is passed as [weight.shape[3], weight.shape[2]], so only square
 kernels are accepted (the op rejects a kernel_size that differs from the weight's [kh, kw]).
 """

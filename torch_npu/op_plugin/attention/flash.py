@@ -61,7 +61,7 @@ def from_bnsd(x, layout):
 class Segment:
     """One independent attention problem: q [b, N, S1, D], k/v [b, N_kv, S2, D] (views),
     ``pse`` broadcastable to [b, N, S1, S2] (4-D) or None, ``mask`` an
-    attention_masks.SegmentMask, ``index`` its dropout stream id."""
+    attention.masks.SegmentMask, ``index`` its dropout stream id."""
 
     def __init__(self, q, k, v, pse, mask, index):
         self.q, self.k, self.v, self.pse, self.mask, self.index = q, k, v, pse, mask, index

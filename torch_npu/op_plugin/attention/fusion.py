@@ -4,9 +4,9 @@ backward npu_fusion_attention_grad, and the _v2 pair.
 ``y = Softmax(Mask(scale * (pse + q @ k^T), atten_mask))``, ``attention_out =
 Dropout(y, keep_prob) @ v`` (v2 with ``pse_type=0``: ``scale * q @ k^T + pse``), on the
 chunked engine of ``attention.flash`` (at most one block of logits alive, as a flash
-kernel), with the layouts of ``attention_layout`` (BSH, SBH, BSND, BNSD, TND varlen), the
-sparse modes of ``attention_masks`` (0-8) and the (seed, offset) dropout of
-``attention_dropout``. Autograd runs through an ``autograd.Function`` whose backward is the
+kernel), with the layouts of ``attention.layout`` (BSH, SBH, BSND, BNSD, TND varlen), the
+sparse modes of ``attention.masks`` (0-8) and the (seed, offset) dropout of
+``attention.dropout_mask``. Autograd runs through an ``autograd.Function`` whose backward is the
 same code as npu_fusion_attention_grad (recomputation from the saved output and
 log-sum-exp, the dropout mask regenerated from seed/offset).
 """
@@ -128,7 +128,7 @@ def npu_fusion_attention(query, key, value, head_num, input_layout, pse=None, pa
     with cumulative ``actual_seq_qlen`` / ``actual_seq_kvlen``); ``head_num`` = query heads N,
     key/value may have fewer (GQA). ``atten_mask`` bool or 0/1, True = masked, BNSS / B1SS /
     11SS / SS ([maxSq, maxSkv] for TND); without it every sparse_mode, pre/next are ignored
-    (full computation). ``sparse_mode`` 0-6 (7/8 TND only), see attention_masks; ``prefix``
+    (full computation). ``sparse_mode`` 0-6 (7/8 TND only), see attention.masks; ``prefix``
     for 5/6. ``pse`` BNSS / BN1S / 1NSS. ``keep_prob`` in (0, 1]: dropout drawn from the npu
     generator (``torch.npu.manual_seed`` reproduces it); the returned ``seed`` / ``offset``
     regenerate it in npu_fusion_attention_grad. Returns ``(attention_out`` in the input
