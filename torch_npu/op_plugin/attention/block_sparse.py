@@ -29,9 +29,9 @@ num_heads == num_key_value_heads and head_dim <= 128.
 import torch
 from torch.autograd.function import once_differentiable
 
-from torch_npu.op_plugin.attention import flash as flash
 from torch_npu.op_plugin._common import acc, check
 from torch_npu.op_plugin._registry import impl
+from torch_npu.op_plugin.attention import flash as flash
 
 __all__ = []
 

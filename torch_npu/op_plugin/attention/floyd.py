@@ -7,6 +7,7 @@ softmax_max / softmax_sum [B,H,N,M,8] (the row max and the row sum of exp(x - ma
 computed in float32 and returned in their dtype (float64 stays float64 for gradcheck).
 """
 import torch
+
 from torch_npu.op_plugin._common import acc, check
 from torch_npu.op_plugin._registry import impl
 

@@ -11,7 +11,7 @@ cuts query / key / value (and dy, out, gradients) into ``attention.flash.Segment
 import torch
 
 from torch_npu.op_plugin._common import check, unsupported
-from torch_npu.op_plugin.attention.flash import Segment, from_bnsd, to_bnsd
+from torch_npu.op_plugin.attention.flash import from_bnsd, Segment, to_bnsd
 from torch_npu.op_plugin.attention.masks import SegmentMask
 
 __all__ = []

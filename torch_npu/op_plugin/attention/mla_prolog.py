@@ -56,9 +56,8 @@ import math
 
 import torch
 
-from torch_npu.op_plugin._common import check, unsupported
+from torch_npu.op_plugin._common import check, symbolic, unsupported
 from torch_npu.op_plugin._registry import impl
-from torch_npu.op_plugin._common import symbolic
 
 __all__ = []
 

@@ -15,10 +15,11 @@
 Computed in float32 (float64 stays float64), returned in the matching input's dtype.
 """
 import torch
+
 from torch_npu.op_plugin._common import acc, check, unsupported
 from torch_npu.op_plugin._registry import impl
-from torch_npu.op_plugin.training.dropout import _gen_keep, _pack, _unpack
 from torch_npu.op_plugin.attention.fused_score import _apply_keep
+from torch_npu.op_plugin.training.dropout import _gen_keep, _pack, _unpack
 
 __all__ = []
 

@@ -20,8 +20,7 @@ float64 for gradcheck).
 import torch
 
 from torch_npu.op_plugin._common import acc, check
-from torch_npu.op_plugin._registry import impl
-from torch_npu.op_plugin._registry import meta
+from torch_npu.op_plugin._registry import impl, meta
 
 __all__ = []
 

@@ -5,6 +5,7 @@ kernel below (shapes and dtypes from the op-plugin meta registration), while a r
 call raises NotImplementedError naming the op.
 """
 import torch
+
 from torch_npu.op_plugin._common import check
 from torch_npu.op_plugin._registry import meta
 

@@ -35,10 +35,9 @@ so it is registered opaque too (fake kernel for the shapes, no backward of its o
 import torch
 
 from torch_npu.op_plugin._common import check
-from torch_npu.op_plugin._opaque_vjp import recompute_autograd
+from torch_npu.op_plugin._opaque_vjp import non_differentiable, recompute_autograd
 from torch_npu.op_plugin._registry import opaque
 from torch_npu.op_plugin.attention.sparse_layout import KeyRows, QueryRows
-from torch_npu.op_plugin._opaque_vjp import non_differentiable
 
 __all__ = []
 

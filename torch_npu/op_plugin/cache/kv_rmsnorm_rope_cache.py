@@ -8,6 +8,7 @@ docs/ops-cache.md give the formula and its source. The ``_v2`` forms are registe
 indices are read on the host).
 """
 import torch
+
 from torch_npu.op_plugin._common import check
 from torch_npu.op_plugin._registry import impl, opaque
 

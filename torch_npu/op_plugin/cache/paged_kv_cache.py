@@ -35,10 +35,8 @@ The in-place ops write their outputs and return nothing, as the real ops.
 """
 import torch
 
-from torch_npu.op_plugin._common import check, unsupported
-from torch_npu.op_plugin._registry import impl
-from torch_npu.op_plugin._common import symbolic
-from torch_npu.op_plugin._registry import opaque
+from torch_npu.op_plugin._common import check, symbolic, unsupported
+from torch_npu.op_plugin._registry import impl, opaque
 
 __all__ = []
 

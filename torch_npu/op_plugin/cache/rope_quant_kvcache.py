@@ -5,6 +5,7 @@ call raises NotImplementedError naming the op); the Meta kernels give the output
 dtypes from the ops' torch_npu documentation and op-plugin's output-size code (read, not copied).
 """
 import torch
+
 from torch_npu.op_plugin._common import check
 from torch_npu.op_plugin._registry import meta
 

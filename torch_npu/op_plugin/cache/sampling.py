@@ -11,9 +11,9 @@
   naming the op); its Meta kernel gives the documented output shapes and dtypes.
 """
 import torch
+
 from torch_npu.op_plugin._common import acc, check
-from torch_npu.op_plugin._registry import impl
-from torch_npu.op_plugin._registry import meta
+from torch_npu.op_plugin._registry import impl, meta
 
 __all__ = []
 

@@ -5,10 +5,10 @@ Registered opaque (indices are read on the host) and non-differentiable (op-plug
 have no entry either).
 """
 import torch
-from torch_npu.op_plugin._common import check
+
+from torch_npu.op_plugin._common import check, symbolic
 from torch_npu.op_plugin._opaque_vjp import non_differentiable
 from torch_npu.op_plugin._registry import opaque
-from torch_npu.op_plugin._common import symbolic
 
 __all__ = []
 

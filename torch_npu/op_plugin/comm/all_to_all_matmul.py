@@ -39,10 +39,9 @@ import torch.distributed as dist
 
 from torch_npu.op_plugin._common import check, new_empty, unsupported
 from torch_npu.op_plugin._opaque_vjp import non_differentiable
-from torch_npu.op_plugin.quant.quantize import _dtype_or_default
-from torch_npu.op_plugin._registry import opaque_kernel
+from torch_npu.op_plugin._registry import meta, opaque_kernel
 from torch_npu.op_plugin.comm.matmul_collectives import _world
-from torch_npu.op_plugin._registry import meta
+from torch_npu.op_plugin.quant.quantize import _dtype_or_default
 
 __all__ = []
 

@@ -23,8 +23,8 @@ import torch
 import torch.distributed as dist
 
 from torch_npu.op_plugin._common import acc, check
-from torch_npu.op_plugin._registry import opaque_kernel
 from torch_npu.op_plugin._opaque_vjp import recompute_autograd
+from torch_npu.op_plugin._registry import opaque_kernel
 from torch_npu.op_plugin.comm.matmul_collectives import _world
 
 __all__ = []

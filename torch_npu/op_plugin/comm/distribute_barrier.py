@@ -2,6 +2,7 @@
 returns the input shape, a real call raises NotImplementedError naming the op).
 """
 import torch
+
 from torch_npu.op_plugin._registry import meta
 
 __all__ = []

@@ -12,10 +12,10 @@ These are the internal ops the real torch_npu's autograd formulas call (its
 * ``npu_conv3d(.out)``: ``aten::convolution`` of 5-D inputs.
 """
 import torch
+import torch.nn.functional as F
 
 from torch_npu.op_plugin._common import check, write_out
 from torch_npu.op_plugin._registry import impl
-import torch.nn.functional as F
 
 __all__ = []
 

@@ -30,9 +30,8 @@ meta / fake tensors.
 """
 import torch
 
-from torch_npu.op_plugin._common import check
+from torch_npu.op_plugin._common import check, symbolic
 from torch_npu.op_plugin._registry import impl
-from torch_npu.op_plugin._common import symbolic
 
 __all__ = []
 

@@ -3,7 +3,9 @@ ln(gw / aw), ln(gh / ah))``, normalised by ``means`` / ``stds``) and npu_boundin
 inverse, clipped to ``max_shape``, with the ``wh_ratio_clip`` limit on the size deltas).
 """
 import math
+
 import torch
+
 from torch_npu.op_plugin._common import acc, check, unsupported
 from torch_npu.op_plugin._registry import impl
 

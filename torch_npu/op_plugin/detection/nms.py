@@ -20,10 +20,9 @@ running the host NMS at run time); their fake kernels give the fixed output shap
 import torch
 from torch._subclasses.fake_tensor import is_fake
 
-from torch_npu.op_plugin._common import check
+from torch_npu.op_plugin._common import check, unsupported
 from torch_npu.op_plugin._opaque_vjp import non_differentiable
 from torch_npu.op_plugin._registry import opaque
-from torch_npu.op_plugin._common import unsupported
 from torch_npu.op_plugin.detection.rotated_box import intersection_area
 
 __all__ = []

@@ -22,11 +22,9 @@ import math
 
 import torch
 
-from torch_npu.op_plugin._common import check, unsupported
+from torch_npu.op_plugin._common import acc, check, unsupported
 from torch_npu.op_plugin._opaque_vjp import non_differentiable
-from torch_npu.op_plugin._registry import opaque
-from torch_npu.op_plugin._common import acc
-from torch_npu.op_plugin._registry import impl
+from torch_npu.op_plugin._registry import impl, opaque
 
 __all__ = []
 

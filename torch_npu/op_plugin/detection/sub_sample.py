@@ -3,6 +3,7 @@
 Semantics from the CANN SubSample kernel and torch_npu's golden.
 """
 import torch
+
 from torch_npu.op_plugin._common import check
 from torch_npu.op_plugin._registry import impl
 

@@ -8,6 +8,7 @@ copied), so FakeTensor / torch.compile can trace through them; see docs/ops-moe.
 per-op rules.
 """
 import torch
+
 from torch_npu.op_plugin._common import check, new_empty
 from torch_npu.op_plugin._registry import meta
 

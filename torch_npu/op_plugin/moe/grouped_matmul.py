@@ -6,6 +6,7 @@ for float16/bfloat16, outputs in the dtype of x. Quantisation / activation input
 ``act_type != 0``, ``output_dtype`` and ``group_type`` 2 raise NotImplementedError.
 """
 import torch
+
 from torch_npu.op_plugin._common import acc, check, unsupported
 from torch_npu.op_plugin._registry import impl
 

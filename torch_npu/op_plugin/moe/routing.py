@@ -33,8 +33,7 @@ No host reads: the data-dependent ``available`` count stays a tensor, so Meta/Fa
 import torch
 
 from torch_npu.op_plugin._common import acc, check, new_empty, unsupported
-from torch_npu.op_plugin._registry import impl
-from torch_npu.op_plugin._registry import meta
+from torch_npu.op_plugin._registry import impl, meta
 
 __all__ = []
 

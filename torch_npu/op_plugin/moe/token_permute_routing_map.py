@@ -27,9 +27,8 @@ work and autograd flows to tokens/permuted_tokens and probs. Sums run in float32
 """
 import torch
 
-from torch_npu.op_plugin._common import acc, check, unsupported
+from torch_npu.op_plugin._common import acc, check, symbolic, unsupported
 from torch_npu.op_plugin._registry import impl
-from torch_npu.op_plugin._common import symbolic
 
 __all__ = []
 

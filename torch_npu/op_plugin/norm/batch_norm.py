@@ -7,6 +7,7 @@ Meta-only (the computation is not documented precisely enough to emulate): ``bat
 and ``npu_normalize_batch``.
 """
 import torch
+
 from torch_npu.op_plugin._registry import impl, meta
 
 __all__ = []

@@ -12,10 +12,10 @@ The forward is a composite of ATen ops (autograd included); ``npu_group_norm_swi
 is the analytic backward from the saved ``mean``/``rstd``.
 """
 import torch
+import torch.nn.functional as F
 
 from torch_npu.op_plugin._common import acc, check, stat_dtype
 from torch_npu.op_plugin._registry import impl
-import torch.nn.functional as F
 
 __all__ = []
 

@@ -21,9 +21,9 @@ read along dim -2, as op-plugin's ``is_transpose_last_two_dims`` rule decides.
 """
 import torch
 
-from torch_npu.op_plugin.tensor import formats
 from torch_npu.op_plugin._common import check
 from torch_npu.op_plugin._registry import impl
+from torch_npu.op_plugin.tensor import formats
 
 __all__ = []
 

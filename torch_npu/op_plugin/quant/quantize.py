@@ -15,11 +15,10 @@ for float64 inputs), as the NPU vector units do.
 """
 import torch
 
-from torch_npu.op_plugin._common import check, unsupported
-from torch_npu.utils import _custom_dtype
+from torch_npu.op_plugin._common import acc, check, unsupported
 from torch_npu.op_plugin._registry import impl
 from torch_npu.op_plugin.quant.int4pack import unpack_int4_weight
-from torch_npu.op_plugin._common import acc
+from torch_npu.utils import _custom_dtype
 
 __all__ = []
 

@@ -44,11 +44,10 @@ established), bfloat16 (op-plugin never calls aclnnLSTM/aclnnGRU with bfloat16).
 import torch
 from torch.autograd.function import once_differentiable
 
-from torch_npu.op_plugin.tensor import formats
 from torch_npu.op_plugin._common import check, unsupported
 from torch_npu.op_plugin._registry import impl
-from torch_npu.op_plugin.rnn.lstm import _bptt as _lstm_bptt
-from torch_npu.op_plugin.rnn.lstm import _recurrence as _lstm_recurrence
+from torch_npu.op_plugin.rnn.lstm import _bptt as _lstm_bptt, _recurrence as _lstm_recurrence
+from torch_npu.op_plugin.tensor import formats
 
 __all__ = []
 

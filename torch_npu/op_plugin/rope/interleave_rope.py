@@ -6,6 +6,7 @@ Low-precision inputs are computed in float32 and returned in their dtype (float6
 float64 for gradcheck).
 """
 import torch
+
 from torch_npu.op_plugin._common import acc, check
 from torch_npu.op_plugin._registry import impl
 

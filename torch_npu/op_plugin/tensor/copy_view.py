@@ -7,6 +7,7 @@ formula and where it comes from.
 emulated: the emulated device cannot move a live tensor's data pointer.
 """
 import torch
+
 from torch_npu.op_plugin._common import check
 from torch_npu.op_plugin._registry import impl
 

@@ -5,6 +5,7 @@
 not in its schema or docs); its Meta kernel gives the gradient's shape, ``self``'s.
 """
 import torch
+
 from torch_npu.op_plugin._registry import impl, meta
 
 __all__ = []

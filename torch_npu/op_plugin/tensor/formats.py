@@ -19,9 +19,8 @@ import warnings
 import torch
 
 import torch_npu
-from torch_npu.op_plugin._common import check
+from torch_npu.op_plugin._common import building_graph, check, symbolic
 from torch_npu.op_plugin._registry import impl, opaque
-from torch_npu.op_plugin._common import building_graph, symbolic
 
 __all__ = ["Format"]
 

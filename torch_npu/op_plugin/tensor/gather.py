@@ -2,9 +2,10 @@
 ``index``), ``npu_gather_sparse_index`` (rows of ``input`` picked by an index tensor of any
 shape) and its backward ``npu_gather_sparse_index_backward``.
 """
-from torch_npu.op_plugin._registry import impl
 import torch
+
 from torch_npu.op_plugin._common import check
+from torch_npu.op_plugin._registry import impl
 
 __all__ = []
 

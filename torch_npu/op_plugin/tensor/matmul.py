@@ -35,10 +35,10 @@ Meta-only: ``_npu_matmul_abft_verify`` (ABFT checksum verification of a matmul):
 torch.compile trace through it, a real call raises NotImplementedError naming the op.
 """
 import torch
-from torch_npu.op_plugin._registry import impl
 import torch.nn.functional as F
+
 from torch_npu.op_plugin._common import check, new_empty, unsupported
-from torch_npu.op_plugin._registry import meta
+from torch_npu.op_plugin._registry import impl, meta
 
 __all__ = []
 

@@ -3,6 +3,7 @@
 ``npu_min_backward`` (the gradient scattered to the selected positions).
 """
 import torch
+
 from torch_npu.op_plugin._registry import impl
 
 __all__ = []

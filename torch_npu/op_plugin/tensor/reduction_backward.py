@@ -3,6 +3,7 @@
 group) and ``npu_renorm_backward`` (the gradient of ``torch.renorm``).
 """
 import torch
+
 from torch_npu.op_plugin._common import check
 from torch_npu.op_plugin._registry import impl
 

@@ -9,9 +9,9 @@
 Meta-only (the computation is not documented precisely enough to emulate): ``_npu_index_add(_)``.
 """
 import torch
-from torch_npu.op_plugin._common import check
+
+from torch_npu.op_plugin._common import check, unsupported
 from torch_npu.op_plugin._registry import impl, meta
-from torch_npu.op_plugin._common import unsupported
 
 __all__ = []
 

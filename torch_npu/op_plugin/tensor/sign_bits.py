@@ -4,6 +4,7 @@ back into +1 / -1 values of ``dtype``, shaped ``(size, -1)``.
 """
 import torch
 import torch.nn.functional as F
+
 from torch_npu.op_plugin._common import check, unsupported
 from torch_npu.op_plugin._registry import impl
 

@@ -2,6 +2,7 @@
 ``torch.sort(...).values`` (semantics from the op-plugin test golden).
 """
 import torch
+
 from torch_npu.op_plugin._registry import impl
 
 __all__ = []

@@ -3,6 +3,7 @@
 along dim 1 to ``16 * c1_len`` channels (semantics from the op-plugin test golden).
 """
 import torch
+
 from torch_npu.op_plugin._common import check
 from torch_npu.op_plugin._registry import impl
 

@@ -3,6 +3,7 @@
 place. The formulas are in each op's docstring.
 """
 import torch
+
 from torch_npu.op_plugin._common import acc, check, unsupported
 from torch_npu.op_plugin._registry import impl
 

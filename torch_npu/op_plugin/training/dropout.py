@@ -20,9 +20,9 @@ stream. Meta-only: ``_npu_dropout_gen_mask.Tensor`` (its mask layout is not docu
 enough to emulate).
 """
 import torch
+
 from torch_npu.op_plugin._common import check, unsupported
-from torch_npu.op_plugin._registry import impl
-from torch_npu.op_plugin._registry import meta
+from torch_npu.op_plugin._registry import impl, meta
 
 __all__ = []
 

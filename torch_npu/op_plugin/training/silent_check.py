@@ -6,6 +6,7 @@ the output shapes and dtypes from op-plugin's own output-size code (read, not co
 FakeTensor / torch.compile trace through them; in-place ops give back the mutated argument itself.
 """
 import torch
+
 from torch_npu.op_plugin._registry import meta
 
 __all__ = []
