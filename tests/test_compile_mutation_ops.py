@@ -12,7 +12,7 @@ import torch._dynamo
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import torch_npu
-from test_mla_prolog_r7_ops import POSITIONAL, make_inputs, reference as mla_reference
+from test_ops_attention_mla_prolog import POSITIONAL, make_inputs, reference as mla_reference
 
 npu = torch.ops.npu
 NZ, ND = 29, 2

@@ -368,10 +368,10 @@ def test_multihead_attention_helpers():
 # ---------------------------------------------------------------- modules over ops emulated in later rounds
 
 def test_psroipool_checks_its_arguments():
-    # PSROIPool runs since npu_ps_roi_pooling is emulated: tests/test_vision_quant_r5_ops.py checks its forward.
+    # PSROIPool runs since npu_ps_roi_pooling is emulated: tests/test_ops_detection_rotated_grid_psroi.py checks its forward.
     with pytest.raises(ValueError, match="pooled_height == pooled_width == group_size"):
         contrib.PSROIPool(7, 6, 1 / 16., 7, 22)
-    # QuantConv2d runs since npu_quant_conv2d is emulated: tests/test_vision_quant_r5_ops.py checks its forward.
+    # QuantConv2d runs since npu_quant_conv2d is emulated: tests/test_ops_quant_matmul_gelu_conv2d.py checks its forward.
 
 
 def _ref_modulated_deform_conv(x, offset, mask, weight, bias, stride, padding, dilation, dg):

@@ -21,6 +21,8 @@ import torch
 import torch_npu
 from torch_npu.utils._error_code import ErrCode, pta_error
 
+from _op_helpers import DEVICES, uniform as rand
+
 # ---------------------------------------------------------------- reference data
 # torch_npu 2.13.0: the 398 custom-op base names (custom_op_names.txt), the 119 public
 # ones (public_npu_functions.txt) and the static part of torch_npu.__all__
@@ -166,7 +168,6 @@ npu_weight_quant_batchmatmul npu_yolo_boxes_encode scatter_update scatter_update
 STATIC_ALL = ['HiFloat8Tensor', 'erase_stream', 'matmul_checksum']
 EXPECTED_ALL = STATIC_ALL + PUBLIC_OPS
 
-DEVICES = ["cpu", "npu"]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # Outputs are compared with the float64 reference rounded to the output dtype: float32
 # to 1e-5, float16/bfloat16 to about two units in the last place (gradients, which go
@@ -181,13 +182,6 @@ BWD_TOL = {
     torch.float16: dict(rtol=4e-3, atol=4e-3),
     torch.bfloat16: dict(rtol=3e-2, atol=3e-2),
 }
-
-
-def rand(shape, dtype=torch.float32, device="cpu", seed=0, low=-2.0, high=2.0, grad=False):
-    g = torch.Generator().manual_seed(seed)
-    t = torch.rand(shape, generator=g, dtype=torch.float64) * (high - low) + low
-    t = t.to(dtype).to(device)
-    return t.requires_grad_(grad)
 
 
 def as_ref(*ts):
