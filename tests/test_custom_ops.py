@@ -21,7 +21,7 @@ import torch
 import torch_npu
 from torch_npu.utils._error_code import ErrCode, pta_error
 
-from _op_helpers import DEVICES, uniform as rand
+from _op_helpers import DEVICES, close_to as assert_match, uniform as rand
 
 # ---------------------------------------------------------------- reference data
 # torch_npu 2.13.0: the 398 custom-op base names (custom_op_names.txt), the 119 public
@@ -187,18 +187,6 @@ BWD_TOL = {
 def as_ref(*ts):
     """float64 CPU copies of the op inputs (same values), keeping requires_grad."""
     return [t.detach().cpu().double().requires_grad_(t.requires_grad) for t in ts]
-
-
-def assert_match(actual, expected, tol, dtype=None, device=None):
-    """actual: op output; expected: float64 reference. Rounds the reference to the
-    output's dtype first, so low-precision outputs are held to their own precision."""
-    if dtype is not None:
-        assert actual.dtype == dtype, (actual.dtype, dtype)
-    if device is not None:
-        assert actual.device.type == device
-    assert tuple(actual.shape) == tuple(expected.shape), (actual.shape, expected.shape)
-    torch.testing.assert_close(actual.detach().cpu().double(),
-                               expected.detach().to(actual.dtype).double(), **tol)
 
 
 def check_grads(outs, inputs, ref_outs, ref_inputs, dtype, seed=100):

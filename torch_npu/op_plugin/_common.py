@@ -61,3 +61,11 @@ def unsupported(op, arg):
     """Raise NotImplementedError for an argument value (or combination) ``arg`` that op ``op``
     accepts on hardware but the CPU-emulated NPU does not emulate: one wording for every op."""
     raise NotImplementedError("%s: %s is not supported by the CPU-emulated NPU" % (op, arg))
+
+
+def reject_given(op, **kwargs):
+    """:func:`unsupported` for the first keyword argument that is given (not None): arguments the
+    real op takes whose effect is not emulated."""
+    for arg, val in kwargs.items():
+        if val is not None:
+            unsupported(op, "argument %s" % arg)

@@ -13,7 +13,7 @@ log-sum-exp, the dropout mask regenerated from seed/offset).
 import torch
 from torch.autograd.function import once_differentiable
 
-from torch_npu.op_plugin._common import acc, check, unsupported
+from torch_npu.op_plugin._common import acc, check, reject_given, unsupported
 from torch_npu.op_plugin._registry import impl
 from torch_npu.op_plugin.attention import flash as flash
 from torch_npu.op_plugin.attention.dropout_mask import draw_seed_offset
@@ -22,12 +22,6 @@ from torch_npu.op_plugin.attention.layout import Plan
 __all__ = []
 
 _MAX_TOKENS = 2147483647
-
-
-def _reject(op, **kwargs):
-    for arg, val in kwargs.items():
-        if val is not None:
-            unsupported(op, "argument %s" % arg)
 
 
 def _check_keep_prob(op, keep_prob):
@@ -138,7 +132,7 @@ def npu_fusion_attention(query, key, value, head_num, input_layout, pse=None, pa
     dropout_mask, the compressed alibi pse and pse with TND. The ``seed``/``offset`` inputs
     are not read (the pair comes from the generator)."""
     op = "npu_fusion_attention"
-    _reject(op, padding_mask=padding_mask, sink=sink, dropout_mask=dropout_mask)
+    reject_given(op, padding_mask=padding_mask, sink=sink, dropout_mask=dropout_mask)
     return _attention(op, query, key, value, head_num, input_layout, pse, atten_mask, scale, keep_prob,
                       pre_tockens, next_tockens, prefix, actual_seq_qlen, actual_seq_kvlen, sparse_mode, 1)
 
@@ -156,7 +150,7 @@ def npu_fusion_attention_grad(query, key, value, dy, head_num, input_layout, pse
     dropout mask is regenerated from ``seed`` / ``offset`` as returned by the forward.
     ``dpse`` has pse's shape and dtype (empty when pse is None); ``dsink`` is empty."""
     op = "npu_fusion_attention_grad"
-    _reject(op, padding_mask=padding_mask, sink=sink)
+    reject_given(op, padding_mask=padding_mask, sink=sink)
     dq, dk, dv, dpse = _attention_grad(op, query, key, value, dy, head_num, input_layout, pse, atten_mask,
                                        scale_value, keep_prob, pre_tockens, next_tockens, seed, offset, prefix,
                                        actual_seq_qlen, actual_seq_kvlen, sparse_mode, 1)
@@ -167,7 +161,7 @@ def _check_pse_type(op, pse_type, query_rope, key_rope):
     if pse_type in (2, 3):
         unsupported(op, "pse_type %d (alibi generated from slopes)" % pse_type)
     check(pse_type in (0, 1), op, "pse_type must be in 0-3, got %d" % pse_type)
-    _reject(op, query_rope=query_rope, key_rope=key_rope)
+    reject_given(op, query_rope=query_rope, key_rope=key_rope)
 
 
 @impl("npu_fusion_attention_v2")
@@ -184,7 +178,7 @@ def npu_fusion_attention_v2(query, key, value, head_num, input_layout, pse=None,
     outputs as npu_fusion_attention."""
     op = "npu_fusion_attention_v2"
     _check_pse_type(op, pse_type, query_rope, key_rope)
-    _reject(op, padding_mask=padding_mask, sink=sink, dropout_mask=dropout_mask)
+    reject_given(op, padding_mask=padding_mask, sink=sink, dropout_mask=dropout_mask)
     return _attention(op, query, key, value, head_num, input_layout, pse, atten_mask, scale, keep_prob,
                       pre_tokens, next_tokens, prefix, actual_seq_qlen, actual_seq_kvlen, sparse_mode, pse_type)
 
@@ -201,7 +195,7 @@ def npu_fusion_attention_grad_v2(query, key, value, dy, head_num, input_layout, 
     three empty tensors for the not-emulated query_rope / key_rope / sink gradients``)``."""
     op = "npu_fusion_attention_grad_v2"
     _check_pse_type(op, pse_type, query_rope, key_rope)
-    _reject(op, padding_mask=padding_mask, sink=sink)
+    reject_given(op, padding_mask=padding_mask, sink=sink)
     dq, dk, dv, dpse = _attention_grad(op, query, key, value, dy, head_num, input_layout, pse, atten_mask,
                                        scale_value, keep_prob, pre_tokens, next_tokens, seed, offset, prefix,
                                        actual_seq_qlen, actual_seq_kvlen, sparse_mode, pse_type)

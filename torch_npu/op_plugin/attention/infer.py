@@ -9,19 +9,13 @@ NotImplementedError naming the argument.
 """
 import torch
 
-from torch_npu.op_plugin._common import acc, check, unsupported
+from torch_npu.op_plugin._common import acc, check, reject_given, unsupported
 from torch_npu.op_plugin._registry import impl
 from torch_npu.op_plugin.attention.flash import from_bnsd as _from_bnsd, to_bnsd as _to_bnsd
 
 __all__ = []
 
 _MAX_TOKENS = 2147483647
-
-
-def _reject(op, **kwargs):
-    for arg, val in kwargs.items():
-        if val is not None:
-            unsupported(op, "argument %s" % arg)
 
 
 def _split(op, query, key, value, num_heads, num_kv_heads, layout, layouts):
@@ -221,7 +215,7 @@ def npu_prompt_flash_attention(query, key, value, padding_mask=None, atten_mask=
     sparse_mode 0; padding_mask, pse_shift, actual_seq_lengths (query) and the quantization
     arguments raise NotImplementedError. Fully masked rows output zeros. Computed in float32."""
     op = "npu_prompt_flash_attention"
-    _reject(op, padding_mask=padding_mask, pse_shift=pse_shift, actual_seq_lengths=actual_seq_lengths,
+    reject_given(op, padding_mask=padding_mask, pse_shift=pse_shift, actual_seq_lengths=actual_seq_lengths,
             deq_scale1=deq_scale1, quant_scale1=quant_scale1, deq_scale2=deq_scale2, quant_scale2=quant_scale2,
             quant_offset2=quant_offset2)
     out, _ = _prompt(op, query, key, value, atten_mask, actual_seq_lengths_kv, num_heads, scale_value, pre_tokens,
@@ -252,7 +246,7 @@ def npu_incre_flash_attention(query, key, value, padding_mask=None, atten_mask=N
     text), kv_padding_size together with block_table and the (anti)quantization arguments
     raise NotImplementedError. Computed in float32."""
     op = "npu_incre_flash_attention"
-    _reject(op, padding_mask=padding_mask, pse_shift=pse_shift, antiquant_scale=antiquant_scale,
+    reject_given(op, padding_mask=padding_mask, pse_shift=pse_shift, antiquant_scale=antiquant_scale,
             antiquant_offset=antiquant_offset, dequant_scale1=dequant_scale1,
             quant_scale1=quant_scale1, dequant_scale2=dequant_scale2, quant_scale2=quant_scale2,
             quant_offset2=quant_offset2)
@@ -307,7 +301,7 @@ def npu_fused_infer_attention_score(query, key, value, pse_shift=None, atten_mas
     pse_shift, actual_seq_lengths (query: what rows past it output is not documented), left
     padding, shared prefixes, rope splits and (anti)quantization raise NotImplementedError."""
     op = "npu_fused_infer_attention_score"
-    _reject(op, pse_shift=pse_shift, actual_seq_lengths=actual_seq_lengths, dequant_scale1=dequant_scale1,
+    reject_given(op, pse_shift=pse_shift, actual_seq_lengths=actual_seq_lengths, dequant_scale1=dequant_scale1,
             quant_scale1=quant_scale1, dequant_scale2=dequant_scale2, quant_scale2=quant_scale2,
             quant_offset2=quant_offset2, antiquant_scale=antiquant_scale, antiquant_offset=antiquant_offset,
             key_antiquant_scale=key_antiquant_scale, key_antiquant_offset=key_antiquant_offset,
