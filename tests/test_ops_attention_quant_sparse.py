@@ -7,11 +7,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import torch_npu
 
-from _op_helpers import DEVICES
-
-
-def gen(seed):
-    return torch.Generator().manual_seed(seed)
+from _op_helpers import DEVICES, generator as gen
 
 
 # ----------------------------------------------------------------------------- indexer

@@ -11,13 +11,9 @@ import torch
 
 import torch_npu
 
-from _op_helpers import DEVICES
+from _op_helpers import DEVICES, generator as gen
 
 dev = pytest.mark.parametrize("device", DEVICES)
-
-
-def gen(seed):
-    return torch.Generator().manual_seed(seed)
 
 
 def ints(shape, low, high, seed, device):
