@@ -11,7 +11,7 @@ SOURCES := $(shell find csrc -name '*.cpp' -o -name '*.h') setup.py pyproject.to
 
 $(VENV)/.deps:
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0 numpy pyyaml pytest expecttest ninja "setuptools>=61" wheel click libcst hypothesis torch-tb-profiler en_dtypes
+	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0 numpy pyyaml pytest expecttest ninja "setuptools>=61" wheel click libcst hypothesis torch-tb-profiler en_dtypes matplotlib
 	touch $@
 
 $(VENV)/.built: $(VENV)/.deps $(SOURCES)
@@ -28,11 +28,12 @@ test: install
 
 # Optional: the client libraries (transformers, accelerate, peft, diffusers,
 # Lightning, DeepSpeed) on the virtual NPU. Installed with torch pinned, so
-# they never replace torch 2.13.0; DeepSpeed's build probes $$ASCEND_HOME_PATH.
-INTEG_ENV := ASCEND_HOME_PATH=$(abspath $(VENV))/ascend_home DS_BUILD_OPS=0
+# they never replace torch 2.13.0. DeepSpeed's setup.py imports torch_npu (its
+# accelerator probe), which exports the emulated CANN's $$ASCEND_HOME_PATH that
+# its op builders then read; no op is prebuilt (DS_BUILD_OPS=0).
+INTEG_ENV := DS_BUILD_OPS=0
 test-integration: install
 	echo 'torch==2.13.0' > $(VENV)/torch-pin.txt
-	mkdir -p $(VENV)/ascend_home
 	$(INTEG_ENV) $(PY) -m pip install -q --disable-pip-version-check -c $(VENV)/torch-pin.txt -r requirements-integration.txt
 	$(INTEG_ENV) TORCH_NPU_INTEGRATION=1 timeout 1200 $(PY) -m pytest tests/integration -q -p no:cacheprovider
 

@@ -1,14 +1,19 @@
-"""DeepSpeed ZeRO stage 2 on 2 (emulated) NPUs.
+"""DeepSpeed ZeRO stage 2 (or --zero-stage 0, 1, 3) on 2 (emulated) NPUs.
 
 DeepSpeed picks its NPU accelerator as soon as ``torch_npu`` imports and talks
 ``hccl``. Its NPU op builders read ``$ASCEND_HOME_PATH`` (set by CANN's
-``set_env.sh`` on a real server); point it at any existing directory here:
+``set_env.sh`` on a real server; here ``import torch_npu`` points it at the
+emulated toolkit when it is unset):
 
-    ASCEND_HOME_PATH=/tmp deepspeed --num_gpus 2 examples/deepspeed_zero2.py
-    ASCEND_HOME_PATH=/tmp torchrun --nproc-per-node 2 examples/deepspeed_zero2.py --out /tmp/zero2.json
+    deepspeed --num_gpus 2 examples/deepspeed_zero2.py
+    torchrun --nproc-per-node 2 examples/deepspeed_zero2.py --out /tmp/zero2.json
+
+DeepSpeed clips the global gradient norm to ``gradient_clipping`` (its default
+is 1.0); ``--gradient-clipping 0`` turns that off.
 
 ZeRO-2 partitions the optimizer state and the gradients across the ranks;
-each rank keeps whole parameters, which must stay identical on every rank.
+each rank keeps whole parameters, which must stay identical on every rank
+(ZeRO-3 partitions the parameters as well; they are gathered for the report).
 With ``--out FILE`` rank 0 writes losses and every rank's weights as JSON.
 """
 import argparse
@@ -38,7 +43,9 @@ def parse_args(argv=None):
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--batch-size", type=int, default=8, help="per rank")
     parser.add_argument("--lr", type=float, default=0.01)
-    parser.add_argument("--zero-stage", type=int, default=2, choices=[0, 1, 2])
+    parser.add_argument("--zero-stage", type=int, default=2, choices=[0, 1, 2, 3])
+    parser.add_argument("--gradient-clipping", type=float, default=None,
+                        help="DeepSpeed's gradient_clipping (max global norm; 0 = off); default: DeepSpeed's")
     parser.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None)
@@ -60,6 +67,8 @@ def main(argv=None):
         "zero_optimization": {"stage": args.zero_stage, "reduce_bucket_size": 1000, "allgather_bucket_size": 1000},
         "steps_per_print": 10 ** 6,
     }
+    if args.gradient_clipping is not None:
+        config["gradient_clipping"] = args.gradient_clipping
     if args.optimizer == "adamw":
         # torch_adam: torch.optim.AdamW, not the fused CANN kernel DeepSpeed would build.
         config["optimizer"] = {"type": "AdamW", "params": {"lr": args.lr, "weight_decay": 0.0, "torch_adam": True}}
@@ -87,7 +96,9 @@ def main(argv=None):
         mean_loss = loss.detach().clone()
         torch.distributed.all_reduce(mean_loss)
         losses.append(mean_loss.item() / world)
-    weights = torch.cat([p.detach().float().flatten() for p in engine.module.parameters()])
+    # ZeRO-3 partitions the parameters too: gather them whole to read them.
+    with deepspeed.zero.GatheredParameters(list(engine.module.parameters()), enabled=args.zero_stage == 3):
+        weights = torch.cat([p.detach().float().flatten() for p in engine.module.parameters()])
     gathered = [torch.empty_like(weights) for _ in range(world)]
     torch.distributed.all_gather(gathered, weights)
     report = {"world_size": world, "backend": torch.distributed.get_backend(), "device": str(engine.device),

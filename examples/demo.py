@@ -10,8 +10,9 @@ demo runs it unchanged with `TORCH_TRANSFER_TO_NPU=1 torch_npu_run
   3. train again without interruption, profiling a few steps;
 
 then shows that the resumed losses equal the uninterrupted ones bit for bit,
-the CPU-fallback report, peak memory per card, a loss-curve PNG and the
-profiler output.  `--size tiny` is the seconds-long version the tests run.
+the CPU-fallback report, peak memory per card, a loss-curve PNG (matplotlib;
+skipped with a message where it is not installed) and the profiler output.
+`--size tiny` is the seconds-long version the tests run.
 """
 import argparse
 import json
@@ -261,13 +262,13 @@ def main():
               f"{card['max_memory_reserved'] / 2**20:.2f} MiB reserved")
 
     png = os.path.join(out, "loss_curve.png")
-    loss_curve_png(png, {s: float.fromhex(v) for s, v in full.items()},
-                   {s: float.fromhex(v) for s, v in resumed.items()}, ckpt_step)
+    skipped = loss_curve_png(png, {s: float.fromhex(v) for s, v in full.items()},
+                             {s: float.fromhex(v) for s, v in resumed.items()}, ckpt_step)
     prof_runs = sorted(d for d in os.listdir(profile_dir) if d.endswith("_ascend_pt"))
 
     stray = processes_running(out)
     section("Where to look")
-    print(f"  loss curve          {png}")
+    print(f"  loss curve          {skipped or png}")
     print(f"  profiler output     {profile_dir}/  ({len(prof_runs)} x *_ascend_pt, one per rank)")
     for name in prof_runs:
         print(f"    summary           {os.path.join(profile_dir, name, 'ASCEND_PROFILER_OUTPUT', 'summary.txt')}")

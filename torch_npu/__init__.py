@@ -70,6 +70,8 @@ def _native_npu_ops():
 _kernel_registration = torch_npu._C._initExtension(_native_npu_ops())
 
 torch.version.cann = torch_npu.version.cann
+# CANN's set_env.sh variables (ASCEND_HOME_PATH ...) for clients such as DeepSpeed, unless the user set their own.
+torch_npu.utils._cann_env.apply_to_process_env()
 # torch_npu._C._get_cann_version/_is_gte_cann_version answer from the emulated CANN (Python).
 torch_npu.utils._cann.install_c_fallbacks()
 

@@ -26,9 +26,16 @@ def load_example(name: str):
     return module
 
 
+# What CANN's set_env.sh exports. The test process imported torch_npu, which exported them
+# (unless the user had); children must not inherit them, so that each client test shows
+# that the client works with no CANN environment set by the user.
+CANN_VARIABLES = ("ASCEND_TOOLKIT_HOME", "ASCEND_HOME_PATH", "ASCEND_AICPU_PATH", "ASCEND_OPP_PATH", "TOOLCHAIN_HOME")
+
+
 def launcher_env(**extra) -> dict:
-    """Environment for a multi-process launch: no inherited rank/device selection."""
+    """Environment for a multi-process launch: no inherited rank/device selection, no CANN variables."""
     env = {k: v for k, v in os.environ.items()
-           if k not in ("ASCEND_RT_VISIBLE_DEVICES", "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+           if k not in ("ASCEND_RT_VISIBLE_DEVICES", "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+           + CANN_VARIABLES}
     env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), **extra)
     return env

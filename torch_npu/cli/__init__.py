@@ -5,10 +5,12 @@ Sub-commands, one module each:
   migrate    find CUDA-only code in Python files; --fix / --diff rewrite what is safe
   preflight  run a script for a bounded time on the virtual NPU and report what would hurt
   doctor     check the environment and what client libraries will detect
+  env        the export lines of CANN's set_env.sh, for the emulated toolkit
 """
 import click
 
 from torch_npu.cli.doctor import doctor
+from torch_npu.cli.env import env
 from torch_npu.cli.info import info
 from torch_npu.cli.migrate import migrate
 from torch_npu.cli.preflight import preflight
@@ -19,7 +21,7 @@ def cli():
     """torch_npu command-line tool (the NPU is emulated on the CPU)."""
 
 
-for _command in (info, migrate, preflight, doctor):
+for _command in (info, migrate, preflight, doctor, env):
     cli.add_command(_command)
 
 

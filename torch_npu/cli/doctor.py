@@ -64,6 +64,26 @@ def _clients(npu_ok):
     return out
 
 
+def _cann_environment():
+    """(status, detail) of the CANN variables: each one's source (set by torch_npu at import,
+    inherited from the shell, unset) and whether the directories they name exist."""
+    from torch_npu.utils import _cann_env
+    origins = _cann_env.origins()
+    by_source = {}
+    for name, entry in origins.items():
+        by_source.setdefault(entry["source"], []).append(name)
+    parts = [f"{', '.join(names)}: {source}" for source, names in by_source.items()]
+    missing = [f"{name}={entry['value']}" for name, entry in origins.items()
+               if entry["value"] and not os.path.isdir(entry["value"])]
+    home = origins["ASCEND_HOME_PATH"]["value"]
+    if missing:
+        return "warn", "not existing directories: " + ", ".join(missing) + "; " + "; ".join(parts)
+    if not home:
+        return "warn", ("ASCEND_HOME_PATH is unset (DeepSpeed's NPU op builders fail with KeyError): "
+                        f"unset {_cann_env.SWITCH}=0, or eval \"$(torch-npu env)\"; " + "; ".join(parts))
+    return "ok", f"ASCEND_HOME_PATH={home}; " + "; ".join(parts)
+
+
 def collect():
     """Everything ``doctor`` prints, as a dict with a ``checks`` list."""
     checks = []
@@ -95,6 +115,7 @@ def collect():
     hccl = torch.distributed.is_available() and torch.distributed.is_backend_available("hccl")
     check("hccl backend", "ok" if hccl else "warn",
           "registered" if hccl else "not registered: distributed npu training cannot start")
+    check("CANN environment", *_cann_environment())
     clients = _clients(available and count > 0)
     for c in clients:
         if c.get("warning"):

@@ -8,7 +8,7 @@ _serialization._install()
 from torch_npu.utils.combine_tensors import npu_combine_tensors, get_part_combined_tensor, is_combined_tensor_valid
 from torch_npu.utils.flops_count import FlopsCounter
 from torch_npu.utils.affinity import set_thread_affinity, reset_thread_affinity
-from torch_npu.utils import _cann, _logging
+from torch_npu.utils import _cann, _cann_env, _logging  # noqa: F401
 from torch_npu.utils import syncbatchnorm as _syncbatchnorm
 
 _syncbatchnorm._install()  # torch.nn.SyncBatchNorm on npu tensors
