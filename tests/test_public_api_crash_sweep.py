@@ -16,9 +16,8 @@ import subprocess
 import sys
 import time
 
-import pytest
 
-from _subproc import REPO, make_env
+from _subproc import make_env
 
 PER_CALL_LIMIT_S = 20
 WORKERS = 3
