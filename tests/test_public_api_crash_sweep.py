@@ -16,7 +16,6 @@ import subprocess
 import sys
 import time
 
-
 from _subproc import make_env
 
 PER_CALL_LIMIT_S = 20
