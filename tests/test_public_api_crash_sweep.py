@@ -1,9 +1,9 @@
 """No public call of torch.npu, torch_npu (custom ops included) or
 torch.accelerator can kill the process, whatever it is given.
 
-Every public callable is called with no arguments and with one obviously
-wrong argument (None, a string, -1, a huge int, a CPU tensor, a float) in
-worker subprocesses. A worker records each call in a progress file before
+Every public callable is called with no arguments, with one obviously
+wrong argument (None, a string, -1, a huge int, a CPU tensor, a float) and
+with one or two npu tensors, in worker subprocesses. A worker records each call in a progress file before
 making it, so a death by signal (or a call that blocks past the per-call
 limit) is attributed to its callable; the sweep then resumes after it. The
 test fails listing every such call. Exceptions of any type are fine here: what
@@ -31,7 +31,10 @@ import faulthandler, importlib, json, os, sys
 import torch, torch_npu
 import torch.accelerator
 ARGS = [("()", lambda: ()), ("(None)", lambda: (None,)), ("('x')", lambda: ("x",)), ("(-1)", lambda: (-1,)),
-        ("(2**62)", lambda: (2 ** 62,)), ("(cpu tensor)", lambda: (torch.ones(2, 3),)), ("(1.5)", lambda: (1.5,))]
+        ("(2**62)", lambda: (2 ** 62,)), ("(cpu tensor)", lambda: (torch.ones(2, 3),)), ("(1.5)", lambda: (1.5,)),
+        # Custom ops get past argument parsing only with device tensors.
+        ("(npu tensor)", lambda: (torch.ones(2, 3, device="npu"),)),
+        ("(npu tensor, npu tensor)", lambda: (torch.ones(2, 3, device="npu"), torch.ones(2, 3, device="npu")))]
 
 
 def calls(modules, excluded):
@@ -151,12 +154,12 @@ def test_sweep_attributes_deaths_and_hangs_to_their_call(tmp_path):
         "def c_blocks(*args):\n    if args == (-1,):\n        time.sleep(600)\n"
         "def d_fine(*args):\n    return None\n")
     total, findings = _sweep(tmp_path, ["sweep_probe"], workers=1, per_call_limit=3, budget_s=300)
-    assert total == 4 * 7
+    assert total == 4 * 9
     assert findings == ["sweep_probe.b_aborts('x'): signal %d" % signal.SIGABRT,
                         "sweep_probe.c_blocks(-1): blocked > 3 s"]
 
 
 def test_no_public_call_kills_the_process(tmp_path):
     total, findings = _sweep(tmp_path, MODULES, WORKERS)
-    assert total > 2000            # torch.npu + torch_npu (custom ops) + torch.accelerator, 7 argument sets each
+    assert total > 2000            # torch.npu + torch_npu (custom ops) + torch.accelerator, 9 argument sets each
     assert findings == [], "\n".join(findings)
