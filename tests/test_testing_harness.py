@@ -163,3 +163,80 @@ def test_real_style_test_file_runs_unchanged(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "test_add" in proc.stderr and "test_on_accelerator_npu" in proc.stderr
     assert "Ran 2 tests" in proc.stderr and "OK" in proc.stderr
+
+
+# ---------------------------------------------------------------- assertEqual call forms of the real harness
+# (Ascend/pytorch torch_npu/testing/testcase.py: a string in prec's place is the
+# message; prec is an absolute tolerance defaulting to TestCase.precision, 1e-5;
+# infinities fail unless allow_inf; exact_dtype defaults to the class attribute.)
+_T = torch.tensor
+_NAN, _INF = float("nan"), float("inf")
+_EQUAL_FORMS = [
+    # (id, call, expected outcome, text the failure must contain)
+    ("positional_msg_pass", lambda t: t.assertEqual(_T([1.0]), _T([1.0]), "pos-msg"), "pass", None),
+    ("positional_msg_fail", lambda t: t.assertEqual(_T([1.0]), _T([2.0]), "pos-msg"), "fail", "pos-msg"),
+    ("positional_msg_numbers", lambda t: t.assertEqual(1, 2, "numbers-msg"), "fail", "numbers-msg"),
+    ("positional_msg_strings", lambda t: t.assertEqual("a", "b", "str-msg"), "fail", "str-msg"),
+    ("positional_msg_lists", lambda t: t.assertEqual([1, 2], [1, 3], "list-msg"), "fail", "list-msg"),
+    ("positional_prec_pass", lambda t: t.assertEqual(_T([1.0]), _T([1.05]), 0.1), "pass", None),
+    ("positional_prec_fail", lambda t: t.assertEqual(_T([1.0]), _T([1.2]), 0.1), "fail", None),
+    ("keyword_prec_and_message", lambda t: t.assertEqual(1.0, 1.2, prec=0.1, message="kw-msg"), "fail", "kw-msg"),
+    ("prec_then_message", lambda t: t.assertEqual(_T([0.0]), _T([1.0]), 0.5, "both-msg"), "fail", "both-msg"),
+    ("msg_keyword", lambda t: t.assertEqual(_T([0.0]), _T([1.0]), msg="msg-kw"), "fail", "msg-kw"),
+    ("default_precision_is_1e-5_pass", lambda t: t.assertEqual(1.0, 1.0 + 5e-6), "pass", None),
+    ("default_precision_is_1e-5_fail", lambda t: t.assertEqual(1.0, 1.0 + 5e-5), "fail", None),
+    ("atol_rtol_pass", lambda t: t.assertEqual(_T([100.0]), _T([101.0]), atol=0, rtol=0.02), "pass", None),
+    ("atol_rtol_fail", lambda t: t.assertEqual(_T([100.0]), _T([103.0]), atol=0, rtol=0.02, msg="rt"),
+     "fail", "rt"),
+    ("npu_vs_cpu_tensor", lambda t: t.assertEqual(_T([1.0, 2.0]).npu(), _T([1.0, 2.0])), "pass", None),
+    ("tensor_vs_number", lambda t: t.assertEqual(_T(3.0).npu(), 3), "pass", None),
+    ("dtype_ignored_by_default", lambda t: t.assertEqual(_T([1, 2]), _T([1.0, 2.0])), "pass", None),
+    ("exact_dtype", lambda t: t.assertEqual(_T([1, 2]), _T([1.0, 2.0]), exact_dtype=True), "fail", None),
+    ("shape_mismatch", lambda t: t.assertEqual(_T([1.0]), _T([1.0, 1.0]), "shape-msg"), "fail", "shape-msg"),
+    ("nan_same_places", lambda t: t.assertEqual(_T([_NAN, 1.0]), _T([_NAN, 1.0])), "pass", None),
+    ("nan_other_places", lambda t: t.assertEqual(_T([_NAN, 1.0]), _T([1.0, _NAN]), "nan-msg"), "fail", "nan-msg"),
+    ("inf_number_needs_allow_inf", lambda t: t.assertEqual(_INF, _INF), "fail", "Expected finite"),
+    ("inf_number_allow_inf", lambda t: t.assertEqual(_INF, _INF, allow_inf=True), "pass", None),
+    ("inf_tensor_allow_inf", lambda t: t.assertEqual(_T([_INF, 1.0]), _T([_INF, 1.0]), allow_inf=True),
+     "pass", None),
+    ("inf_tensor_sign", lambda t: t.assertEqual(_T([_INF]), _T([-_INF]), allow_inf=True), "fail", None),
+    ("bool_tensors", lambda t: t.assertEqual(_T([True, False]), _T([True, True]), "bool-msg"), "fail", "bool-msg"),
+    ("int8_no_wraparound", lambda t: t.assertEqual(_T([-128], dtype=torch.int8), _T([127], dtype=torch.int8)),
+     "fail", None),
+    ("dicts", lambda t: t.assertEqual({"a": _T([1.0]), "b": 2}, {"b": 2, "a": _T([1.0])}), "pass", None),
+    ("dict_values", lambda t: t.assertEqual({"a": 1}, {"a": 2}, "dict-msg"), "fail", "dict-msg"),
+    ("sets", lambda t: t.assertEqual({1, 2}, {1, 2}), "pass", None),
+    ("numpy_bool", lambda t: t.assertEqual(np.bool_(True), _T(True)), "pass", None),
+    ("nested_sequences", lambda t: t.assertEqual((_T([1.0]), [2, 3]), [_T([1.0]), (2, 3)]), "pass", None),
+    ("not_equal_positional_msg", lambda t: t.assertNotEqual(_T([1.0]), _T([1.0]), "ne-msg"), "fail", "ne-msg"),
+    ("not_equal_pass", lambda t: t.assertNotEqual(_T([1.0]), _T([2.0]), "ne-msg"), "pass", None),
+    ("almost_equal_places", lambda t: t.assertAlmostEqual(1.0, 1.004, places=2), "pass", None),
+    ("almost_equal_places_fail", lambda t: t.assertAlmostEqual(1.0, 1.2, places=2, msg="ae"), "fail", "ae"),
+    ("almost_equal_delta", lambda t: t.assertAlmostEqual(1.0, 1.3, delta=0.5), "pass", None),
+]
+
+
+@pytest.mark.parametrize("call,expected,text", [f[1:] for f in _EQUAL_FORMS], ids=[f[0] for f in _EQUAL_FORMS])
+def test_assert_equal_call_forms(call, expected, text):
+    class Forms(TestCase):
+        def test_it(self):
+            call(self)
+    outcome, result = _outcome(Forms, "test_it")
+    assert not result.errors, result.errors  # a form the harness rejects is an error, not a failure
+    assert outcome == expected, result.failures
+    if text is not None:
+        assert text in result.failures[0][1], result.failures[0][1]
+
+
+def test_precision_property_and_class_defaults():
+    class Loose(TestCase):
+        exact_dtype = True
+
+        def test_it(self):
+            assert self.precision == 1e-5 and self.maxDiff is None
+            self.precision = 0.5
+            self.assertEqual(1.0, 1.4)                  # within the new default
+            with self.assertRaises(AssertionError):
+                self.assertEqual(_T([1]), _T([1.0]))    # exact_dtype from the class attribute
+    outcome, result = _outcome(Loose, "test_it")
+    assert outcome == "pass", result.failures + result.errors

@@ -85,6 +85,13 @@ struct NPUGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   void destroyEvent(void* event, const c10::DeviceIndex) const noexcept override {
     delete static_cast<EmuEvent*>(event);
   }
+  // Every dtype can be allocated on the emulated device and converted there
+  // (torch.accelerator.get_device_capability reads this).
+  c10::DeviceCapability getDeviceCapability(c10::Device d) const override {
+    TORCH_CHECK(acl_emu::is_valid_device(d.index()), "Invalid device_index : ", static_cast<int>(d.index()),
+                PTA_ERROR(ErrCode::VALUE));
+    return c10::DeviceCapability();
+  }
   bool queryStream(const c10::Stream&) const override { return true; }
   void synchronizeStream(const c10::Stream&) const override {}
   void synchronizeEvent(void*) const override {}

@@ -1,5 +1,6 @@
 // PrivateUse1 hooks: what PyTorch asks of an accelerator backend (device
 // count and selection, generators, pointer ownership, pinned host memory).
+#include <ATen/core/CachingHostAllocator.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
@@ -17,8 +18,10 @@ namespace torch_npu {
 namespace {
 
 // Page-locked host memory: plain host memory here, tracked so that
-// is_pinned() answers as on hardware.
-class PinnedHostAllocator final : public c10::Allocator {
+// is_pinned() answers as on hardware. It is also PyTorch's host allocator for
+// npu (torch.accelerator.empty_host_cache and Graph capture call it); it caches
+// nothing, so emptying the cache has nothing to release.
+class PinnedHostAllocator final : public at::HostAllocator {
  public:
   c10::DataPtr allocate(size_t nbytes) override {
     void* p = nullptr;
@@ -34,6 +37,21 @@ class PinnedHostAllocator final : public c10::Allocator {
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     default_copy_data(dest, src, count);
   }
+  bool record_event(void* ptr, void* ctx, c10::Stream stream) override {
+    return true;  // memory is freed when its last user drops it; work never lags
+  }
+  void empty_cache() override {}
+  at::HostStats get_stats() override {
+    at::HostStats stats;
+    std::lock_guard<std::mutex> g(mu());
+    const auto n = static_cast<int64_t>(ptrs().size());
+    stats.active_requests.current = n;
+    stats.allocations.current = n;
+    return stats;
+  }
+  void reset_accumulated_stats() override {}
+  void reset_peak_stats() override {}
+
   static bool owns(const void* p) {
     std::lock_guard<std::mutex> g(mu());
     return ptrs().count(const_cast<void*>(p)) > 0;
@@ -119,6 +137,7 @@ void register_hooks() {
   static NPUHooks* hooks = new NPUHooks();
   static bool done = [] {
     at::RegisterPrivateUse1HooksInterface(hooks);
+    at::setHostAllocator(c10::DeviceType::PrivateUse1, &g_pinned);
     return true;
   }();
   (void)done;

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <sstream>
 #include <unordered_map>
+#include <utility>
 
 #include "aten/OpExecution.h"
 #include "profiler/DeviceTimeline.h"
@@ -830,9 +831,34 @@ void ProcessGroupHCCL::abort() {
   if (checker_) checker_->abort();
 }
 
+namespace {
+// What a group holds once shut down: every later call fails with c10d's
+// "Backend <name> does not support <op>", the name saying why.
+class ShutDownBackend final : public c10d::Backend {
+ public:
+  ShutDownBackend(int rank, int size) : c10d::Backend(rank, size) {}
+  const std::string getBackendName() const override {
+    return "hccl (this process group was shut down: create a new one)";
+  }
+};
+}  // namespace
+
+// Gloo has no shutdown of its own: its worker and transport threads stop only
+// when the ProcessGroupGloo is destroyed. Left running until the interpreter
+// finalizes, a Gloo thread that drops the last reference to an npu tensor
+// whose Python object is gone needs the GIL: the rank then hangs at exit (the
+// finalizing thread holds the GIL and joins Gloo's threads) or aborts
+// ("terminate called without an active exception": Python ends a thread that
+// asks for the GIL during finalization). So the groups are released here,
+// where the GIL is not held (c10d's shutdown binding and ours release it), and
+// their threads are joined while Python is still whole.
 void ProcessGroupHCCL::shutdown() {
-  gloo_->shutdown();
-  if (checker_) checker_->shutdown();
+  auto closed = c10::make_intrusive<ShutDownBackend>(getRank(), getSize());
+  check_ = false;
+  auto gloo = std::exchange(gloo_, closed);
+  auto checker = std::exchange(checker_, checker_ ? closed : nullptr);
+  gloo.reset();
+  checker.reset();
 }
 
 }  // namespace torch_npu::distributed

@@ -104,6 +104,8 @@ void init_distributed_bindings(py::module& parent) {
                 // group is bound to a device (NCCL must split on every rank); the
                 // Gloo meshes here are built by the members alone.
                 .def("perform_nocolor_split", [](PG&, at::Device) {}, py::arg("device"))
+                // Joins the group's Gloo threads: without the GIL, which they may need.
+                .def("shutdown", &PG::shutdown, py::call_guard<py::gil_scoped_release>())
                 .def("abort_hccl_comm", [](PG& self) { self.abort(); })
                 .def("resume_hccl_comm", [](PG& self, int64_t device_id) {}, py::arg("device_id"))
                 .def("get_coll_stream_id", [](PG&) { return 0; })

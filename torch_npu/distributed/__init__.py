@@ -19,3 +19,4 @@ def is_available():
 if _dist.is_available():
     _backend.register()
     _apply_patches()
+    from . import _shutdown  # noqa: F401,E402  (stops hccl groups' Gloo threads at exit)

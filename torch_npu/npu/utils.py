@@ -21,28 +21,35 @@ __all__ = [
 
 
 def _get_device_index(device: Any, optional: bool = False, allow_cpu: bool = False) -> int:
-    r"""Get the device index from :attr:`device` (torch.device, str, int or None)."""
+    r"""Get the device index from :attr:`device`, as the real torch_npu does.
+
+    An ``int`` is returned as is (negative included); a ``str`` is parsed by
+    ``torch.device`` (an unparsable one raises its ``RuntimeError``); a
+    ``torch.device`` must be npu (or cpu with ``allow_cpu``, giving -1), else
+    ``ValueError``; a ``torch.npu.device`` gives its index. Anything without an
+    index (``None``, ``torch.device("npu")``, and, as in PyTorch's helper that
+    the real one defers to, any other object such as a float) means the current
+    device when ``optional``, else ``ValueError``.
+    """
+    if isinstance(device, int):
+        return device
     if isinstance(device, str):
         device = torch.device(device)
     if isinstance(device, torch.device):
         if allow_cpu:
-            if device.type not in ["npu", "cpu"]:
+            if device.type not in ("npu", "cpu"):
                 raise ValueError(f"Expected a npu or cpu device, but got: {device}" + pta_error(ErrCode.VALUE))
         elif device.type != "npu":
             raise ValueError(f"Expected a npu device, but got: {device}" + pta_error(ErrCode.VALUE))
-        device_idx = -1 if device.type == "cpu" else device.index
-    elif isinstance(device, int):
-        device_idx = device
-    elif device is None:
-        device_idx = None
-    else:
-        raise ValueError(f"Expected a npu device, but got: {device}" + pta_error(ErrCode.VALUE))
-    if device_idx is None:
-        if optional:
-            return current_device()
-        raise ValueError(f"Expected a npu device with a specified index or an integer, but got:{device}"
-                         + pta_error(ErrCode.VALUE))
-    return device_idx
+        if device.type == "cpu":
+            return -1
+        if device.index is not None:
+            return device.index
+    elif isinstance(device, torch_npu.npu.device):
+        return device.idx
+    if optional:
+        return current_device()
+    raise ValueError(f"Expected a torch.device with a specified index or an integer, but got:{device}")
 
 
 def set_device(device):

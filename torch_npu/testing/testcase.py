@@ -8,8 +8,11 @@ for float16/bfloat16), counting elements whose relative error exceeds it.
 ``assertEqual`` compares tensors (any devices, moved to CPU), numbers and
 sequences with an absolute tolerance ``prec``.
 """
+import math
 import os
 import random
+from collections import OrderedDict
+from numbers import Number
 import sys
 import unittest
 import warnings
@@ -19,7 +22,7 @@ import torch
 
 import expecttest
 
-from torch_npu.testing.common_utils import set_npu_device
+from torch_npu.testing.common_utils import is_iterable, set_npu_device
 
 __all__ = ["TestCase", "run_tests"]
 
@@ -37,6 +40,8 @@ def _to_numpy(x):
 
 class TestCase(expecttest.TestCase):
     _precision = 1e-5
+    maxDiff = None
+    exact_dtype = False
 
     def __init__(self, method_name="runTest"):
         super().__init__(method_name)
@@ -86,47 +91,153 @@ class TestCase(expecttest.TestCase):
                       f"{tolerance}" + (f": {message}" if message else ""))
 
     # ------------------------------------------------------------------ general equality
-    def assertEqual(self, x, y, prec=None, message="", allow_inf=False, exact_dtype=None):
-        prec = self._precision if prec is None else prec
-        if isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor):
-            xt = x if isinstance(x, torch.Tensor) else torch.as_tensor(x)
-            yt = y if isinstance(y, torch.Tensor) else torch.as_tensor(y)
-            if exact_dtype and xt.dtype != yt.dtype:
-                self.fail(f"dtype mismatch: {xt.dtype} vs {yt.dtype} {message}")
-            xt, yt = xt.detach().cpu(), yt.detach().cpu()
-            if xt.numel() == 0 and yt.numel() == 0:
-                return
-            self.assertEqual(tuple(xt.shape), tuple(yt.shape), message=message)
-            if xt.is_complex() or yt.is_complex() or xt.is_floating_point() or yt.is_floating_point():
-                torch.testing.assert_close(xt.to(torch.promote_types(xt.dtype, yt.dtype)),
-                                           yt.to(torch.promote_types(xt.dtype, yt.dtype)),
-                                           atol=prec, rtol=0, equal_nan=True, msg=message or None)
-            else:
-                if not torch.equal(xt, yt.to(xt.dtype)):
-                    self.fail(f"tensors differ {message}")
-            return
-        if isinstance(x, (list, tuple)) and isinstance(y, (list, tuple)):
-            self.assertEqual(len(x), len(y), message=message)
-            for a, b in zip(x, y):
-                self.assertEqual(a, b, prec, message, allow_inf, exact_dtype)
-            return
-        if isinstance(x, (int, float)) and isinstance(y, (int, float)) and not isinstance(x, bool):
-            if allow_inf and x == y:
-                return
-            if abs(x - y) > prec:
-                self.fail(f"{x} != {y} within {prec} {message}")
-            return
-        super().assertEqual(x, y, message or None)
+    @property
+    def precision(self):
+        """The default absolute tolerance of ``assertEqual`` (``prec=None``)."""
+        return self._precision
 
-    def assertNotEqual(self, x, y, prec=None, message=""):
-        try:
-            self.assertEqual(x, y, prec, message)
-        except AssertionError:
+    @precision.setter
+    def precision(self, prec):
+        self._precision = prec
+
+    def _equal_args(self, prec, message, msg, atol, rtol):
+        # The real harness reads a string in prec's place as the message.
+        if isinstance(prec, str) and not message:
+            message, prec = prec, None
+        if msg is not None and not message:
+            message = msg
+        if message is None:
+            message = ""
+        if atol is not None or rtol is not None:
+            return (float(atol or 0.0), float(rtol or 0.0)), message
+        if prec is None:
+            prec = self.precision
+        return (prec, 0.0), message
+
+    def assertEqual(self, x, y, prec=None, message="", allow_inf=False, exact_dtype=None, *,
+                    msg=None, atol=None, rtol=None):
+        """Assert ``x`` equals ``y`` within an absolute tolerance, as the real harness does.
+
+        Call forms: ``assertEqual(x, y)``, ``(x, y, prec)``, ``(x, y, "message")``
+        (a string in prec's place is the message), ``prec=``, ``message=`` or
+        ``msg=``, ``allow_inf=`` (infinities must then match in place and sign;
+        otherwise an infinite number fails), ``exact_dtype=`` (default: the
+        class attribute ``exact_dtype``), and torch-style ``atol=``/``rtol=``
+        (close when ``|x - y| <= atol + rtol * |y|``; they replace ``prec``).
+        Numbers (and one-element tensors against numbers), tensors on any
+        devices, NumPy bools, strings, sets, dicts and iterables are compared
+        recursively; NaNs must sit in the same places. A failure message
+        contains ``message``.
+        """
+        tol, message = self._equal_args(prec, message, msg, atol, rtol)
+        if exact_dtype is None:
+            exact_dtype = self.exact_dtype
+        self._compare(x, y, tol, message, bool(allow_inf), exact_dtype)
+
+    def _compare(self, x, y, tol, message, allow_inf, exact_dtype):
+        base = super().assertEqual
+        msg = message or None
+        if isinstance(x, Number) or isinstance(y, Number):
+            self._compare_numbers(x, y, tol, message, allow_inf)
+        elif isinstance(x, np.bool_) or isinstance(y, np.bool_):
+            base(x.item() if isinstance(x, torch.Tensor) else x, y.item() if isinstance(y, torch.Tensor) else y, msg)
+        elif isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
+            self._compare_tensors(x, y, tol, message, allow_inf, exact_dtype)
+        elif isinstance(x, (str, bytes)) and isinstance(y, (str, bytes)):
+            base(x, y, msg)
+        elif type(x) is set and type(y) is set:
+            base(x, y, msg)
+        elif isinstance(x, dict) and isinstance(y, dict):
+            if isinstance(x, OrderedDict) and isinstance(y, OrderedDict):
+                self._compare(list(x.items()), list(y.items()), tol, message, allow_inf, exact_dtype)
+            else:
+                base(set(x), set(y), msg)
+                keys = list(x)
+                self._compare([x[k] for k in keys], [y[k] for k in keys], tol, message, allow_inf, exact_dtype)
+        elif is_iterable(x) and is_iterable(y):
+            x, y = list(x), list(y)
+            base(len(x), len(y), msg)
+            for a, b in zip(x, y):
+                self._compare(a, b, tol, message, allow_inf, exact_dtype)
+        else:
+            base(x, y, msg)
+
+    def _compare_numbers(self, x, y, tol, message, allow_inf):
+        if isinstance(x, torch.Tensor):
+            x = x.item()
+        if isinstance(y, torch.Tensor):
+            y = y.item()
+        msg = message or None
+        if not (isinstance(x, Number) and isinstance(y, Number)):
+            super().assertEqual(x, y, msg)
             return
-        self.fail(f"{x} == {y} {message}")
+        if abs(x) == math.inf or abs(y) == math.inf:
+            if not allow_inf:
+                self.fail(f"Expected finite numeric values - x={x}, y={y}" + (f" : {message}" if message else ""))
+            super().assertEqual(x, y, msg)
+            return
+        atol, rtol = tol
+        self.assertLessEqual(abs(x - y), atol + rtol * abs(y), msg)
+
+    def _compare_tensors(self, x, y, tol, message, allow_inf, exact_dtype):
+        msg = message or None
+        super().assertEqual(x.is_sparse, y.is_sparse, msg)
+        if x.is_sparse:
+            x, y = x.coalesce(), y.coalesce()
+            self._compare_tensors(x._indices(), y._indices(), tol, message, allow_inf, exact_dtype)
+            self._compare_tensors(x._values(), y._values(), tol, message, allow_inf, exact_dtype)
+            return
+        super().assertEqual(x.is_quantized, y.is_quantized, msg)
+        if x.is_quantized:
+            super().assertEqual(x.qscheme(), y.qscheme(), msg)
+            x, y = x.dequantize(), y.dequantize()
+        super().assertEqual(tuple(x.shape), tuple(y.shape), msg)
+        if exact_dtype:
+            super().assertEqual(x.dtype, y.dtype, msg)
+        if x.numel() == 0:
+            return
+        if (x.dtype == torch.bool) != (y.dtype == torch.bool):
+            raise TypeError("Was expecting both tensors to be bool type.")
+        xs, ys = x.detach().cpu(), y.detach().cpu()
+        if x.dtype == torch.bool:
+            xs, ys = xs.to(torch.int64), ys.to(torch.int64)
+        # y is compared in x's dtype, as the real harness does; the difference
+        # is taken in double precision so that narrow integers cannot wrap.
+        ys = ys.to(xs.dtype)
+        wide = torch.complex128 if xs.is_complex() else torch.float64
+        xw, yw = xs.to(wide), ys.to(wide)
+        diff = (xw - yw).abs()
+        if xs.is_floating_point() or xs.is_complex():
+            nan_x, nan_y = torch.isnan(xw), torch.isnan(yw)
+            self.assertTrue(torch.equal(nan_x, nan_y), message or "NaNs are not in the same places")
+            diff[nan_x] = 0
+            if allow_inf:
+                inf_x = torch.isinf(xw)
+                self.assertTrue(torch.equal(inf_x, torch.isinf(yw)) and torch.equal(xw[inf_x], yw[inf_x]),
+                                message or "infinities differ")
+                diff[inf_x] = 0
+        atol, rtol = tol
+        if diff.is_complex():
+            diff = diff.real
+        scale = torch.nan_to_num(yw.abs().real, nan=0.0, posinf=0.0)
+        excess = diff - (atol + rtol * scale)
+        worst = excess.max().item()
+        if not worst <= 0:
+            self.fail(f"Tensors differ: max abs difference {diff.max().item()} exceeds the tolerance "
+                      f"(atol {atol}, rtol {rtol})" + (f" : {message}" if message else ""))
+
+    def assertNotEqual(self, x, y, prec=None, message="", *, msg=None, atol=None, rtol=None):
+        """Assert ``x`` and ``y`` are not equal within the tolerance; same call forms as ``assertEqual``."""
+        tol, message = self._equal_args(prec, message, msg, atol, rtol)
+        try:
+            self._compare(x, y, tol, "", True, False)
+        except (AssertionError, TypeError):
+            return
+        self.fail(f"{x!r} == {y!r}" + (f" : {message}" if message else ""))
 
     def assertAlmostEqual(self, x, y, places=None, msg=None, delta=None, allow_inf=None):
-        prec = delta if delta is not None else (10 ** (-places) if places is not None else None)
+        """``assertEqual`` with tolerance ``delta``, or ``10 ** -places`` when ``places`` is given."""
+        prec = 10 ** (-places) if places else delta
         self.assertEqual(x, y, prec, msg or "", bool(allow_inf))
 
     def assertTensorsSlowEqual(self, x, y, prec=None, message=""):
