@@ -105,8 +105,9 @@ def _replicable(x):
         and not x.is_conj() and not x.is_neg() and _storage_key(x) is not None
 
 
-def to_npu_tree(tree, memo, keep_args_on_cpu=False):
-    """Copy every tensor of ``tree`` (``(input, args, kwargs)``) to npu.
+def to_npu_tree(tree, memo, keep_args_on_cpu=False, device=NPU):
+    """Copy every tensor of ``tree`` (``(input, args, kwargs)``) to npu (or ``device``:
+    the conformance suite runs its checks on a CPU copy too; copies are always fresh).
 
     Returns ``(npu_tree, moved)``; ``moved`` is False when the sample has no
     tensor and no device argument, so that outputs rightly stay on CPU.
@@ -132,15 +133,15 @@ def to_npu_tree(tree, memo, keep_args_on_cpu=False):
     moved = [False]
 
     def move(x):
-        t = x.detach().to(NPU)
+        t = x.detach().to(device, copy=True)
         if _replicable(x):
             key = _storage_key(x)
             if (users.get(key, 0) > 1 or t.stride() != x.stride() or t.storage_offset() != x.storage_offset()
                     or t.untyped_storage().nbytes() != key[1]):
                 if key not in storages:
                     flat = torch.empty(0, dtype=torch.uint8).set_(x.untyped_storage())
-                    storages[key] = flat.to(NPU).untyped_storage()
-                t = torch.empty(0, dtype=x.dtype, device=NPU).set_(
+                    storages[key] = flat.to(device, copy=True).untyped_storage()
+                t = torch.empty(0, dtype=x.dtype, device=device).set_(
                     storages[key], x.storage_offset(), x.size(), x.stride())
         if x.requires_grad:
             t.requires_grad_(True)
@@ -155,9 +156,9 @@ def to_npu_tree(tree, memo, keep_args_on_cpu=False):
                 memo[key] = (x, move(x))
             return memo[key][1]
         if isinstance(x, torch.device) and x.type == "cpu":
-            return torch.device(NPU)
+            return torch.device(device)
         if isinstance(x, str) and x == "cpu":
-            return NPU
+            return device
         return x
 
     def conv_device_only(x):
@@ -191,11 +192,12 @@ def _short(e):
     return s[:MSG_LEN]
 
 
-def compare(npu, cpu, meta_only, path="out", on_npu=True):
+def compare(npu, cpu, meta_only, path="out", on_npu=True, device=NPU):
+    """Raise Mismatch unless ``npu`` (a result on ``device``) equals the CPU result ``cpu``."""
     if isinstance(cpu, torch.Tensor):
         if not isinstance(npu, torch.Tensor):
             raise Mismatch(f"{path}: cpu gave a Tensor, npu gave {type(npu).__name__}")
-        want_dev = NPU if cpu.device.type == "cpu" and on_npu else cpu.device.type
+        want_dev = device if cpu.device.type == "cpu" and on_npu else cpu.device.type
         if npu.device.type != want_dev:
             raise Mismatch(f"{path}: expected device {want_dev}, got {npu.device}")
         if meta_only:
@@ -207,7 +209,7 @@ def compare(npu, cpu, meta_only, path="out", on_npu=True):
                 npu.stride() != cpu.stride() or npu.storage_offset() != cpu.storage_offset()):
             raise Mismatch(f"{path}: layout differs: npu stride {npu.stride()} offset {npu.storage_offset()}, "
                            f"cpu stride {cpu.stride()} offset {cpu.storage_offset()}")
-        other = npu.detach().cpu() if npu.device.type == NPU else npu.detach()
+        other = npu.detach().cpu()
         try:
             torch.testing.assert_close(other, cpu.detach(), rtol=0, atol=0, equal_nan=True)
         except AssertionError as e:
@@ -218,13 +220,13 @@ def compare(npu, cpu, meta_only, path="out", on_npu=True):
             raise Mismatch(f"{path}: cpu gave {type(cpu).__name__} of len {len(cpu)}, npu gave {type(npu).__name__}"
                            f"{' of len %d' % len(npu) if isinstance(npu, (list, tuple)) else ''}")
         for i, (n, c) in enumerate(zip(npu, cpu)):
-            compare(n, c, meta_only, f"{path}[{i}]", on_npu)
+            compare(n, c, meta_only, f"{path}[{i}]", on_npu, device)
         return
     if isinstance(cpu, dict):
         if not isinstance(npu, dict) or set(npu) != set(cpu):
             raise Mismatch(f"{path}: dict keys differ")
         for k in cpu:
-            compare(npu[k], cpu[k], meta_only, f"{path}[{k!r}]", on_npu)
+            compare(npu[k], cpu[k], meta_only, f"{path}[{k!r}]", on_npu, device)
         return
     if isinstance(cpu, float) and isinstance(npu, float) and cpu != cpu and npu != npu:
         return  # both NaN
@@ -234,7 +236,7 @@ def compare(npu, cpu, meta_only, path="out", on_npu=True):
     if meta_only and isinstance(cpu, (int, float, complex, bool)) and type(cpu) is type(npu):
         return  # e.g. .item() of a random tensor
     if isinstance(cpu, torch.device):
-        want = torch.device(NPU, 0) if cpu.type == "cpu" and on_npu else cpu
+        want = torch.device(device, 0) if cpu.type == "cpu" and on_npu and device == NPU else cpu
         if not (npu == want or (isinstance(npu, torch.device) and npu.type == want.type)):
             raise Mismatch(f"{path}: device {npu} vs expected {want}")
         return

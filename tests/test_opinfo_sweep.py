@@ -76,8 +76,8 @@ def _worker_env():
     return env
 
 
-def _list_variants():
-    p = subprocess.run([sys.executable, WORKER, "--list"], capture_output=True, text=True,
+def _list_variants(worker=WORKER):
+    p = subprocess.run([sys.executable, worker, "--list"], capture_output=True, text=True,
                        timeout=LIST_TIMEOUT, env=_worker_env(), cwd=os.path.dirname(HERE))
     assert p.returncode == 0, f"listing OpInfo variants failed:\n{p.stderr[-3000:]}"
     return [line.strip() for line in p.stdout.splitlines() if line.strip()]
@@ -94,9 +94,10 @@ def _exit_text(rc):
     return f"exited with code {rc}"
 
 
-def _run_worker(ops, timeout):
-    """Run ops in one worker. Returns (results by op, ok, exit text, stderr tail)."""
-    cmd = [sys.executable, WORKER, "--ops-json", json.dumps(ops)]
+def _run_worker(ops, timeout, worker=WORKER):
+    """Run ops in one worker (a script speaking the markers above; the conformance suite's
+    worker does too). Returns (results by op, ok, exit text, stderr tail, last started op)."""
+    cmd = [sys.executable, worker, "--ops-json", json.dumps(ops)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=_worker_env(), cwd=os.path.dirname(HERE), start_new_session=True)
     try:
@@ -133,16 +134,16 @@ def _crash_result(op, exit_text, stderr_tail):
                         "msg": f"CRASH: worker running only {op!r} {exit_text}\n{tail}"}]}
 
 
-def _run_single(op):
-    single, ok, exit_text, err, _ = _run_worker([op], timeout=SINGLE_OP_TIMEOUT)
+def _run_single(op, worker=WORKER):
+    single, ok, exit_text, err, _ = _run_worker([op], timeout=SINGLE_OP_TIMEOUT, worker=worker)
     if ok and op in single:
         return single[op], False
     return _crash_result(op, exit_text, err), True
 
 
-def _run_chunk(ops):
+def _run_chunk(ops, worker=WORKER):
     """Results of ops, run in one worker; crash-isolated (see module doc)."""
-    results, ok, exit_text, err, last_started = _run_worker(ops, timeout=120 + 5 * len(ops))
+    results, ok, exit_text, err, last_started = _run_worker(ops, timeout=120 + 5 * len(ops), worker=worker)
     if ok:
         return results
     remaining = [op for op in ops if op not in results]
@@ -150,16 +151,16 @@ def _run_chunk(ops):
     # confirm it alone. If it crashes alone, it is the crasher; the ops after
     # it go on as a fresh chunk (crash-isolated the same way).
     if last_started in remaining:
-        results[last_started], crashed = _run_single(last_started)
+        results[last_started], crashed = _run_single(last_started, worker)
         remaining.remove(last_started)
         if crashed:
             if remaining:
-                results.update(_run_chunk(remaining))
+                results.update(_run_chunk(remaining, worker))
             return results
     # Otherwise (the crash needs earlier state, or nothing was running):
     # every op that did not report runs one per process.
     for op in remaining:
-        results[op], _ = _run_single(op)
+        results[op], _ = _run_single(op, worker)
     return results
 
 

@@ -96,7 +96,7 @@ struct DeviceTracker {
       TORCH_CHECK_INDEX(!(index_op && cpu_self),
                         "indices should be either on cpu or on the same device as the indexed tensor (cpu)");
     } else if (d.is_cpu() && t.dim() == 0) {
-      return;  // CPU scalars are fine, as on CUDA
+      return;  // CPU scalar inputs are fine, as on CUDA (CPU out= tensors were rejected before)
     } else if (d.is_cpu() && index_op) {
       // CPU index tensors (and values) are fine next to an npu tensor, as
       // on CUDA; a CPU tensor being indexed is not.
@@ -112,6 +112,52 @@ struct DeviceTracker {
     }
   }
 };
+
+bool is_written(const c10::Argument& arg) { return arg.alias_info() != nullptr && arg.alias_info()->isWrite(); }
+
+// CPU 0-dim tensors are accepted as inputs next to npu tensors, as on CUDA.
+bool exempt_cpu_scalar(const at::Tensor& t, const c10::Argument& arg) {
+  return t.device().is_cpu() && t.dim() == 0 && !is_written(arg);
+}
+
+// The error for an out= (or in-place) argument on the CPU next to npu
+// tensors, worded and ordered as the generated device check of the real
+// torch_npu and CUDA wrappers: out arguments first, then the positional ones;
+// the first tensor sets the common device, the first that differs is named.
+// Runs before any argument is replaced by a CPU alias. Cold path.
+[[noreturn]] void out_device_error(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t base) {
+  const auto& args = op.schema().arguments();
+  std::vector<size_t> order;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i].kwarg_only() && is_written(args[i])) order.push_back(i);
+  }
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (!args[i].kwarg_only()) order.push_back(i);
+  }
+  std::optional<at::Device> common;
+  for (size_t i : order) {
+    const c10::IValue& iv = stack[base + i];
+    std::vector<at::Tensor> tensors;
+    if (iv.isTensor()) {
+      tensors.push_back(iv.toTensor());
+    } else if (iv.isTensorList()) {
+      for (const at::Tensor& t : iv.toTensorList()) tensors.push_back(t);
+    }
+    for (const at::Tensor& t : tensors) {
+      if (!t.defined() || exempt_cpu_scalar(t, args[i])) continue;
+      if (!common) {
+        common = t.device();
+      } else if (*common != t.device()) {
+        TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two devices, ",
+                    device_str(*common), " and ", device_str(t.device()),
+                    "! (when checking argument for argument ", args[i].name(), " in method ",
+                    wrapper_name(op.operator_name()), ")");
+      }
+    }
+  }
+  TORCH_CHECK(false, "Expected out tensor to have device npu, but got cpu instead (in method ",
+              wrapper_name(op.operator_name()), ")");
+}
 
 bool is_generator_arg(const c10::Argument& arg) {
   const auto& type = arg.type();
@@ -173,6 +219,19 @@ int prepare_cpu_call(const c10::OperatorHandle& op, torch::jit::Stack* stack,
   int gen_arg = -1;
   int64_t first_numel = -1;
 
+  // out= (and in-place) tensors must be on the npu, 0-dim ones included:
+  // checked before any argument is converted. Index ops keep their own
+  // rule (a CPU indexed tensor is reported by the tracker, as on CUDA).
+  if (!tracker.index_op) {
+    for (size_t i = 0; i < nargs; ++i) {
+      if (!is_written(args[i])) continue;
+      const c10::IValue& iv = (*stack)[base + i];
+      if (iv.isTensor() && iv.toTensor().defined() && iv.toTensor().device().is_cpu()) {
+        out_device_error(op, *stack, base);
+      }
+    }
+  }
+
   auto convert = [&](const at::Tensor& t, const c10::Argument& arg) -> at::Tensor {
     tracker.see(t, arg);
     if (t.device().type() != c10::DeviceType::PrivateUse1) return t;
@@ -233,6 +292,15 @@ void npu_cpu_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::j
   c10::SmallVector<AliasStorage, 8> alias_storages;
 
   const int device = prepare_cpu_call(op, stack, [&](const at::Tensor& t, const c10::Argument& arg) -> at::Tensor {
+    // The same tensor passed twice (x.op_(y) calling op.out(x, y, out=x))
+    // must be the same alias, so the CPU kernel sees an in-place call
+    // (TensorIterator then refuses to resize it, as on CPU).
+    for (auto& e : aliases) {
+      if (e.orig.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) {
+        e.written = e.written || is_written(arg);
+        return e.alias;
+      }
+    }
     // Aliases of one npu storage share one CPU storage (overlap checks).
     c10::StorageImpl* npu_storage = t.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
     c10::Storage shared;
@@ -244,8 +312,7 @@ void npu_cpu_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::j
       alias_storages.push_back({npu_storage, shared});
     }
     at::Tensor a = cpu_alias(t, std::move(shared));
-    bool written = arg.alias_info() != nullptr && arg.alias_info()->isWrite();
-    aliases.push_back({t, a, written});
+    aliases.push_back({t, a, is_written(arg)});
     return a;
   });
 

@@ -143,11 +143,15 @@ const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
                           std::optional<at::MemoryFormat> memory_format) {
   c10::TensorImpl* impl = self.unsafeGetTensorImpl();
   const int64_t old_nbytes = static_cast<int64_t>(impl->unsafe_storage().nbytes());
-  impl->set_sizes_contiguous(size);
-  const size_t needed = at::detail::computeStorageNbytesContiguous(size, self.dtype().itemsize(),
-                                                                   impl->storage_offset());
-  if (self.numel() > 0) grow_storage(impl->unsafe_storage().unsafeGetStorageImpl(), needed);
-  if (fill_uninitialized()) at::native::fill_resize_deterministic_(self, old_nbytes);
+  // Same sizes: strides and storage stay, as on CPU (a non-contiguous out=
+  // resized to its own shape by a composite out kernel keeps its layout).
+  if (impl->sizes() != size) {
+    impl->set_sizes_contiguous(size);
+    const size_t needed = at::detail::computeStorageNbytesContiguous(size, self.dtype().itemsize(),
+                                                                     impl->storage_offset());
+    if (self.numel() > 0) grow_storage(impl->unsafe_storage().unsafeGetStorageImpl(), needed);
+    if (fill_uninitialized()) at::native::fill_resize_deterministic_(self, old_nbytes);
+  }
   if (memory_format.has_value()) {
     TORCH_CHECK(*memory_format != at::MemoryFormat::Preserve,
                 "Unsupported memory format", *memory_format);

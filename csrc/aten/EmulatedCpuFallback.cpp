@@ -6,6 +6,8 @@
 // counters tell which ops fell back and how many bytes they moved.
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/EmptyTensor.h>
+#include <ATen/MemoryOverlap.h>
+#include <ATen/ops/empty_strided.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
@@ -58,6 +60,19 @@ void warn_once(const std::string& name) {
   log::emit(log::DISPATCH, log::WARNING, "operator " + name + " falls back to the CPU (first call)");
 }
 
+// The host copy of an argument: same sizes and strides as the device
+// tensor, so the CPU kernel sees the caller's layout and keeps a mutated
+// (out=, in-place) argument's strides exactly where it keeps a CPU tensor's
+// (a clone would make a non-contiguous out= contiguous). Tensors with
+// internal overlap (expanded) cannot be written by copy_: those are cloned.
+at::Tensor host_copy_keeping_strides(const at::Tensor& t) {
+  at::Tensor src = cpu_alias(t);
+  if (at::has_internal_overlap(src) == at::MemOverlap::Yes) return src.clone(at::MemoryFormat::Preserve);
+  at::Tensor host = at::empty_strided(src.sizes(), src.strides(), src.options());
+  host.copy_(src);
+  return host;
+}
+
 struct Moved {
   at::Tensor npu;
   at::Tensor cpu;
@@ -85,21 +100,31 @@ void emulated_cpu_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, t
 
   // Real copies to host memory (plain CPU tensors, not aliases).
   const int device = prepare_cpu_call(op, stack, [&](const at::Tensor& t, const c10::Argument& arg) -> at::Tensor {
-    at::Tensor host = cpu_alias(t).clone(at::MemoryFormat::Preserve);
+    const bool written = arg.alias_info() != nullptr && arg.alias_info()->isWrite();
+    // The same tensor passed twice gets one host copy (the kernel must see an in-place call).
+    for (auto& m : moved) {
+      if (m.npu.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) {
+        m.written = m.written || written;
+        return m.cpu;
+      }
+    }
+    at::Tensor host = host_copy_keeping_strides(t);
     to_cpu += static_cast<int64_t>(t.numel() * t.element_size());
-    moved.push_back({t, host, arg.alias_info() != nullptr && arg.alias_info()->isWrite()});
+    moved.push_back({t, host, written});
     return host;
   });
 
   // The kernel runs on host memory: no device-memory scope.
   op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
 
-  // Mutated arguments: copy back (resizing the device tensor if needed).
+  // Mutated arguments: copy back into the caller's tensor. Its strides stay
+  // unless the kernel resized or restrided the host copy (which had them):
+  // then the device tensor takes the same geometry at its own storage
+  // offset, as the CPU kernel's resize would give the caller's tensor.
   for (auto& m : moved) {
     if (!m.written) continue;
     if (m.npu.sizes() != m.cpu.sizes() || m.npu.strides() != m.cpu.strides()) {
-      // The CPU kernel resized or restrided an out= argument: same geometry on the device.
-      m.npu.set_(m.npu.storage(), 0, m.cpu.sizes(), m.cpu.strides());
+      m.npu.set_(m.npu.storage(), m.npu.storage_offset(), m.cpu.sizes(), m.cpu.strides());
     }
     cpu_alias(m.npu).copy_(m.cpu);
     to_npu += static_cast<int64_t>(m.cpu.numel() * m.cpu.element_size());
