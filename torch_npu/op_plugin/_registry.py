@@ -115,7 +115,8 @@ def _dim_checks(name):
 
 def _describe(value):
     if isinstance(value, torch.Tensor):
-        return "Tensor%s %s on %s" % (list(value.shape), str(value.dtype).replace("torch.", ""), value.device)
+        return "Tensor(size=%s, %s, %s)" % (tuple(value.shape), str(value.dtype).replace("torch.", ""),
+                                            value.device)
     if isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value):
         return "[%s]" % ", ".join(_describe(v) for v in value)
     text = repr(value)
