@@ -61,15 +61,21 @@ def _who(rank, info):
     return f"rank {rank} ({info['host']}, pid {info['pid']})"
 
 
-def _fail_together(store, prefix, group_id, message, expected, deadline):
+# How long group rank 0 stays after the last acknowledgement: it may host the env:// store,
+# and a peer's last look at the acknowledgement count must not find it gone.
+_HOST_LINGER_S = 0.3
+
+
+def _fail_together(store, prefix, group_id, rank, message, expected, deadline):
     """Raise the group's verdict on this rank, after every process that joined has read it.
 
     The first rank to find a fault publishes its message (and how many processes must read
     it: ``expected``) as the verdict; every rank raises the verdict's text, so all of them
     report the same fault the same way. A rank leaves only when that many processes, and
     all that joined, have acknowledged the verdict, or at ``deadline`` (at least one second
-    from now): the store may live in this process (rank 0 hosts the env:// TCPStore), and
-    leaving early would turn its peers' clear error into a lost connection.
+    from now): the store may live in group rank 0 (it hosts the env:// TCPStore), and
+    leaving early would turn its peers' clear error into a lost connection. Once a rank
+    has seen the count complete it does not touch the store again.
     """
     verdict = {"text": f"HCCL init failed for group '{group_id}': {message}", "expected": expected}
     deadline = max(deadline, time.monotonic() + 1.0)
@@ -80,12 +86,13 @@ def _fail_together(store, prefix, group_id, message, expected, deadline):
             time.sleep(0.005)  # the first finder is writing it
         if store.check([prefix + "verdict"]):
             verdict = json.loads(store.get(prefix + "verdict"))
-        store.add(prefix + "acked", 1)
-        while time.monotonic() < deadline:
-            joined, acked = store.add(prefix + "joined", 0), store.add(prefix + "acked", 0)
-            if acked >= max(joined, verdict["expected"]):
-                break
+        joined = store.add(prefix + "joined", 0)
+        acked = store.add(prefix + "acked", 1)
+        while acked < max(joined, verdict["expected"]) and time.monotonic() < deadline:
             time.sleep(0.01)
+            joined, acked = store.add(prefix + "joined", 0), store.add(prefix + "acked", 0)
+        if rank == 0:
+            time.sleep(_HOST_LINGER_S)
     except dist.DistError:
         pass  # the store's host has gone after everyone read the verdict: nothing more to wait for
     raise dist.DistBackendError(verdict["text"])
@@ -109,7 +116,7 @@ def _check_peers(store, rank, size, group_id, timeout_s, settings_error=None):
     store.add(prefix + "joined", 1)
 
     def fail(message, expected=size):
-        _fail_together(store, prefix, group_id, message, expected, deadline)
+        _fail_together(store, prefix, group_id, rank, message, expected, deadline)
 
     if store.add(prefix + f"claim/{rank}", 1) > 1:
         fail(f"rank {rank} is already taken: two processes were started as rank {rank} (the second one is "
