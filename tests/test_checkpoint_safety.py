@@ -241,3 +241,15 @@ def test_pickled_code_is_refused(tmp_path, monkeypatch):
     # control: the payload is real code, run when the caller explicitly trusts the file
     torch.load(path, weights_only=False)
     assert marker.exists()
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_zip_signature_followed_by_random_bytes_is_corrupt_not_truncated(tmp_path, seed):
+    bad = tmp_path / "random.pt"
+    bad.write_bytes(b"PK\x03\x04" + random.Random(seed).randbytes(3000))
+    with pytest.raises(RuntimeError) as info:
+        torch.load(bad)
+    msg = str(info.value)
+    assert f"checkpoint file '{bad}' is truncated or corrupt: it is not a zip archive written by torch.save: " \
+           "its first record" in msg and "the file is 3004 bytes, corrupt" in msg, msg
+    assert "probably truncated" not in msg

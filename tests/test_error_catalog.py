@@ -93,6 +93,13 @@ def test_catalog_is_complete():
                     "Unknown or invalid option", "Collective mismatch", "Dead peer"):
         assert section in text
     assert "A truncated file" in titles and "A checkpoint that carries code" in titles
+    # failures that used to be silent (a stderr line, a number, a bare Python error): each one runs here
+    assert {"`save_async` into a directory that does not exist", "Bytes that only start like a zip file",
+            "`elapsed_time` between events on two devices", "A custom op's dimension out of range",
+            "A custom op given a tensor it cannot handle"} <= titles
+    # the distributed ones are checked by tests/test_dist_startup_errors.py
+    for title in ("### Ranks launched with different world sizes", "### An invalid HCCL_* value on one rank"):
+        assert title in text
 
 
 @pytest.mark.parametrize("title,env,snippet,expected", ENTRIES,

@@ -168,6 +168,31 @@ def test_elapsed_time_requires_recorded_events():
         a.elapsed_time(b)
 
 
+@pytest.mark.parametrize("kind", ["torch.npu.Event", "torch.Event"])
+def test_elapsed_time_between_devices_raises_like_cuda(kind):
+    """CUDA cannot compare two devices' clocks (cudaEventElapsedTime fails); neither can the npu."""
+    if torch.npu.device_count() < 4:
+        pytest.skip("needs npu:3")
+    if kind == "torch.npu.Event":
+        a, b = torch.npu.Event(enable_timing=True), torch.npu.Event(enable_timing=True)
+    else:
+        a, b = torch.Event(device="npu:0", enable_timing=True), torch.Event(device="npu:3", enable_timing=True)
+    a.record(torch.npu.current_stream(0))
+    b.record(torch.npu.current_stream(3))
+    expected = ("Both events must be recorded on the same device to calculate elapsed time, but the start event "
+                "was recorded on npu:0 and the end event on npu:3.")
+    with pytest.raises(RuntimeError) as ei:
+        a.elapsed_time(b)
+    assert expected in str(ei.value)
+    with pytest.raises(RuntimeError, match="start event was recorded on npu:3 and the end event on npu:0"):
+        b.elapsed_time(a)
+    # two events on the one device still time
+    c = torch.npu.Event(enable_timing=True) if kind == "torch.npu.Event" else \
+        torch.Event(device="npu:3", enable_timing=True)
+    c.record(torch.npu.current_stream(3))
+    assert 0.0 <= b.elapsed_time(c) < 60_000
+
+
 def test_tensor_record_stream():
     s = torch.npu.Stream()
     x = torch.arange(6.0, device="npu")

@@ -104,6 +104,11 @@ struct NPUGuardImpl final : public c10::impl::DeviceGuardImplInterface {
                 "Both events must be recorded before calculating elapsed time.", PTA_ERROR(ErrCode::PARAM));
     TORCH_CHECK(a->timing && b->timing,
                 "Both events must be created with argument 'enable_timing=True'.", PTA_ERROR(ErrCode::PARAM));
+    // Device clocks are not comparable; CUDA fails here too (invalid resource handle).
+    TORCH_CHECK(a->device == b->device,
+                "Both events must be recorded on the same device to calculate elapsed time, but the start event "
+                "was recorded on npu:", static_cast<int>(a->device), " and the end event on npu:",
+                static_cast<int>(b->device), ".", PTA_ERROR(ErrCode::PARAM));
     return (b->recorded_us - a->recorded_us) / 1000.0;
   }
 };

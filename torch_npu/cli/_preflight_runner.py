@@ -15,11 +15,20 @@ Measured while the script runs:
 - peak memory per device, against the device capacity;
 - with ``transfer_to_npu``: the CUDA references it rewrote, with their call sites.
 
-Bounds: a step limit (optimizer steps, counted by the hook) and a time limit (``SIGALRM``);
-reaching either raises ``PreflightStop`` inside the script, which unwinds it; the report is
-made afterwards either way.
+Bounds: a step limit and a time limit. Steps are iterations of the training loop: optimizer
+steps (the hook) or backward passes (``Tensor.backward`` / ``torch.autograd.backward`` /
+``torch.autograd.grad``), whichever count is ahead, so a loop that updates its weights by hand
+is bounded too. The time limit is a deadline (``SIGALRM``). Reaching either raises
+``PreflightStop`` inside the script, which unwinds it; the report is made afterwards either way.
+
+Run as ``python -m torch_npu.cli._preflight_runner SPEC`` (what ``torch-npu preflight`` does),
+the script runs in a child process that writes its report to a file, in two passes: first
+without the op-time shares (quick), then with them; and, while the script runs, its step
+counts every 0.2 s. The ``preflight`` command kills the child at the deadline if it has not
+finished, and prints the last report it wrote.
 """
 import contextlib
+import json
 import os
 import runpy
 import signal
@@ -108,8 +117,44 @@ def _op_base(op):
     return f"{ns}::{rest.split('.')[0]}"
 
 
-def run(script, args, *, transfer=False, max_steps=None, max_seconds=None, measure_time=True):
-    """Run ``script`` with ``args`` and return the report (a dict)."""
+def _write_json(path, obj):
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f)
+    os.replace(tmp, path)
+
+
+class _ProgressWriter(threading.Thread):
+    """Writes ``snapshot()`` to ``path`` every 0.2 s while it changes, so that the step counts
+    survive a kill of this process (also while the script is in a call that holds on)."""
+
+    def __init__(self, path, snapshot):
+        super().__init__(name="preflight-progress", daemon=True)
+        self.path, self.snapshot, self.done = path, snapshot, threading.Event()
+        self.start()
+
+    def run(self):
+        last = None
+        while not self.done.wait(0.2):
+            now = self.snapshot()
+            if now != last:
+                _write_json(self.path, now)
+                last = now
+
+    def stop(self):
+        self.done.set()
+        self.join()
+
+
+def run(script, args, *, transfer=False, max_steps=None, max_seconds=None, measure_time=True, deadline=None,
+        report_path=None):
+    """Run ``script`` with ``args`` and return the report (a dict).
+
+    ``deadline`` (a ``time.monotonic()`` value) stops the script like ``max_seconds`` (which
+    counts from now); the earlier of the two applies. With ``report_path``, the step counts
+    are written there while the script runs and the report (first without the op-time
+    shares) as soon as it is known.
+    """
     import torch
     import torch_npu
 
@@ -129,47 +174,78 @@ def run(script, args, *, transfer=False, max_steps=None, max_seconds=None, measu
             if fn is not None:
                 patches.set(torch.distributed, name, collectives.wrap(fn, name.lstrip("_")))
 
-    state = {"steps": 0, "optimizers": {}}
+    state = {"optimizer_steps": 0, "backward_calls": 0, "optimizers": {}}
     started = time.monotonic()
+    if max_seconds:
+        deadline = min(deadline, started + max_seconds) if deadline is not None else started + max_seconds
+
+    def counts():
+        return {"steps": max(state["optimizer_steps"], state["backward_calls"]),
+                "optimizer_steps": state["optimizer_steps"], "backward_calls": state["backward_calls"]}
+
+    progress_writer = _ProgressWriter(report_path, lambda: dict(counts(), script=script, partial="running")) \
+        if report_path is not None else None
 
     def on_step(optimizer, _args, _kwargs):
-        state["steps"] += 1
+        state["optimizer_steps"] += 1
         cls = type(optimizer)
         if cls.__module__.startswith("torch_npu."):
             key = f"{cls.__module__.rsplit('.', 1)[0]}.{cls.__name__}.step"
             state["optimizers"][key] = state["optimizers"].get(key, 0) + 1
-        if max_steps is not None and state["steps"] >= max_steps:
+        if max_steps is not None and state["optimizer_steps"] >= max_steps:
             raise PreflightStop("max-steps")
 
     from torch.optim.optimizer import register_optimizer_step_post_hook
     hook = register_optimizer_step_post_hook(on_step)
 
+    engine_run_backward = torch.autograd._engine_run_backward
+
+    def counted_backward(*b_args, **b_kwargs):
+        # The (max_steps + 1)-th backward pass starts an iteration beyond the bound.
+        if max_steps is not None and state["backward_calls"] >= max_steps:
+            raise PreflightStop("max-steps")
+        result = engine_run_backward(*b_args, **b_kwargs)
+        state["backward_calls"] += 1
+        return result
+
+    patches.set(torch.autograd, "_engine_run_backward", counted_backward)
+
     def on_alarm(_signum, _frame):
         raise PreflightStop("max-seconds")
 
     old_alarm = None
-    if max_seconds:
+    if deadline is not None:
         old_alarm = signal.signal(signal.SIGALRM, on_alarm)
-        signal.setitimer(signal.ITIMER_REAL, max_seconds)
+        # A deadline already passed (a slow start) still lets the script begin, for an instant.
+        signal.setitimer(signal.ITIMER_REAL, max(deadline - time.monotonic(), 0.001))
 
     outcome, error = "completed", None
     profiler = torch.autograd.profiler.profile(use_cpu=True) if measure_time else contextlib.nullcontext()
     old_argv, old_path0 = sys.argv, sys.path[0]
     sys.argv = [script] + list(args)
     sys.path[0] = os.path.dirname(os.path.abspath(script))
+    # Left running until the first report is written: stopping it (collecting its events)
+    # takes long after a long run.
+    profiler.__enter__()
+    profiling = [True]
+
+    def stop_profiler():
+        if profiling[0]:
+            profiling[0] = False
+            profiler.__exit__(None, None, None)
+
     try:
-        with profiler:
-            try:
-                if transfer:
-                    # After the profiler started: transfer_to_npu swaps torch.profiler's
-                    # activity enum for the NPU profiler's, which torch's own profiler rejects.
-                    import torch_npu.contrib.transfer_to_npu  # noqa: F401
-                    from torch_npu.contrib._transfer import rewrite
-                    rewrite.reset_records()
-                runpy.run_path(script, run_name="__main__")
-            finally:
-                if max_seconds:
-                    signal.setitimer(signal.ITIMER_REAL, 0)
+        try:
+            if transfer:
+                # After the profiler started: transfer_to_npu swaps torch.profiler's
+                # activity enum for the NPU profiler's, which torch's own profiler rejects.
+                import torch_npu.contrib.transfer_to_npu  # noqa: F401
+                from torch_npu.contrib._transfer import rewrite
+                rewrite.reset_records()
+            runpy.run_path(script, run_name="__main__")
+        finally:
+            if deadline is not None:
+                signal.setitimer(signal.ITIMER_REAL, 0)
     except PreflightStop as stop:
         outcome = stop.reason
     except SystemExit as e:
@@ -181,54 +257,84 @@ def run(script, args, *, transfer=False, max_steps=None, max_seconds=None, measu
         outcome = "error"
         error = traceback.format_exc(limit=-8)
     finally:
-        if max_seconds:
+        if deadline is not None:
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, old_alarm)
         sys.argv, sys.path[0] = old_argv, old_path0
         hook.remove()
         patches.undo()
+        if progress_writer is not None:
+            progress_writer.stop()
     seconds = time.monotonic() - started
+    try:
+        memory = []
+        for d in range(torch.npu.device_count()):
+            peak = torch.npu.max_memory_allocated(d)
+            if peak:
+                props = torch.npu.get_device_properties(d)
+                memory.append({"device": f"npu:{d}", "name": props.name, "peak_allocated_bytes": peak,
+                               "capacity_bytes": props.total_memory,
+                               "share": round(peak / props.total_memory, 6), "fits": peak <= props.total_memory})
 
+        cuda_references = []
+        if transfer:
+            from torch_npu.contrib._transfer import rewrite
+            cuda_references = rewrite.records()
+
+        fused_ops = [{"op": k, "calls": v} for k, v in sorted(fused.counts.items())]
+        fused_ops += [{"op": k, "calls": v} for k, v in sorted(state["optimizers"].items())]
+        fallback_counts = torch_npu.emulator.fallback_report()
+        report = {
+            "script": script,
+            "args": list(args),
+            "transfer_to_npu": transfer,
+            "outcome": outcome,
+            "error": error,
+            **counts(),
+            "seconds": round(seconds, 3),
+            "op_time_ms": None,
+            "fallback_ops": [dict(entry, time_ms=None, time_share=None) for entry in fallback_counts],
+            "fused_ops": fused_ops,
+            "memory": memory,
+            "collectives": [{"op": k, "calls": v} for k, v in sorted(collectives.counts.items())],
+            "cuda_references": cuda_references,
+            "partial": "op times not computed yet" if measure_time else None,
+        }
+        if report_path is not None:
+            _write_json(report_path, report)
+    finally:
+        stop_profiler()
+    if not measure_time or profiler.function_events is None:
+        report["partial"] = None
+        return report
+
+    # Aggregating the profiler's events takes long after a long run: hence the report above.
     op_times, total_us = {}, 0.0
-    if measure_time and profiler.function_events is not None:
-        for event in profiler.key_averages():
-            op_times[event.key] = op_times.get(event.key, 0.0) + event.self_cpu_time_total
-            total_us += event.self_cpu_time_total
-
-    fallbacks = []
-    for entry in torch_npu.emulator.fallback_report():
+    for event in profiler.key_averages():
+        op_times[event.key] = op_times.get(event.key, 0.0) + event.self_cpu_time_total
+        total_us += event.self_cpu_time_total
+    report["fallback_ops"] = []
+    for entry in fallback_counts:
         us = op_times.get(_op_base(entry["op"]))
-        fallbacks.append(dict(entry, time_ms=None if us is None else round(us / 1000, 3),
-                              time_share=None if us is None or not total_us else round(us / total_us, 4)))
+        report["fallback_ops"].append(dict(entry, time_ms=None if us is None else round(us / 1000, 3),
+                                           time_share=None if us is None or not total_us else round(us / total_us, 4)))
+    report["op_time_ms"] = round(total_us / 1000, 3)
+    report["partial"] = None
+    if report_path is not None:
+        _write_json(report_path, report)
+    return report
 
-    memory = []
-    for d in range(torch.npu.device_count()):
-        peak = torch.npu.max_memory_allocated(d)
-        if peak:
-            props = torch.npu.get_device_properties(d)
-            memory.append({"device": f"npu:{d}", "name": props.name, "peak_allocated_bytes": peak,
-                           "capacity_bytes": props.total_memory,
-                           "share": round(peak / props.total_memory, 6), "fits": peak <= props.total_memory})
 
-    cuda_references = []
-    if transfer:
-        from torch_npu.contrib._transfer import rewrite
-        cuda_references = rewrite.records()
+def main(argv=None):
+    """Child-process entry: ``SPEC`` is the JSON of ``run``'s keyword arguments plus ``script``
+    and ``args``; ``deadline`` is given as seconds from now (the parent's clock is not ours)."""
+    spec = json.loads((argv or sys.argv[1:])[0])
+    seconds_left = spec.pop("seconds_left", None)
+    deadline = None if seconds_left is None else time.monotonic() + seconds_left
+    run(spec.pop("script"), spec.pop("args"), deadline=deadline, **spec)
+    sys.stdout.flush()
+    return 0
 
-    fused_ops = [{"op": k, "calls": v} for k, v in sorted(fused.counts.items())]
-    fused_ops += [{"op": k, "calls": v} for k, v in sorted(state["optimizers"].items())]
-    return {
-        "script": script,
-        "args": list(args),
-        "transfer_to_npu": transfer,
-        "outcome": outcome,
-        "error": error,
-        "steps": state["steps"],
-        "seconds": round(seconds, 3),
-        "op_time_ms": round(total_us / 1000, 3) if measure_time else None,
-        "fallback_ops": fallbacks,
-        "fused_ops": fused_ops,
-        "memory": memory,
-        "collectives": [{"op": k, "calls": v} for k, v in sorted(collectives.counts.items())],
-        "cuda_references": cuda_references,
-    }
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -5,12 +5,27 @@ the CPU (calls, bytes moved, share of op time), torch_npu fused ops used, peak d
 against the capacity, collectives called, and (with ``--transfer``) the CUDA references that
 ``transfer_to_npu`` had to rewrite. Exit code: 0 when the run ended normally or at its bound,
 1 when the script failed.
+
+The script runs in a child process (``_preflight_runner``). ``--seconds`` bounds the whole
+command, from its start (this interpreter's own start-up and ``import torch`` before it are
+not counted) to the printed report, the child's start-up included: the child stops the script a
+report margin before the deadline, and is killed at the deadline if it has not finished (a
+call that never returns to Python); the report printed is then the last one it wrote (step
+counts at least), marked as cut short.
 """
-import contextlib
 import json
+import os
+import subprocess
 import sys
+import tempfile
+import time
 
 import click
+
+# Share of --seconds kept for making the report after the script is stopped (bounded).
+_REPORT_MARGIN = (0.1, 0.5, 10.0)  # share, minimum s, maximum s
+# Kept for printing the report after the child is gone.
+_PRINT_MARGIN_S = 0.1
 
 
 def _mib(n):
@@ -19,13 +34,20 @@ def _mib(n):
 
 def text_report(r):
     lines = ["", "=" * 72, f"torch-npu preflight: {r['script']}", "=" * 72]
-    how = {"completed": "ran to completion", "max-steps": f"stopped after {r['steps']} optimizer steps (--steps)",
-           "max-seconds": "stopped at the time limit (--seconds)", "error": "FAILED", "exit": "exited with an error"}
-    lines.append(f"run: {how.get(r['outcome'], r['outcome'])} in {r['seconds']:.2f} s, {r['steps']} optimizer "
-                 f"step(s){', with transfer_to_npu' if r['transfer_to_npu'] else ''}")
-    if r["error"]:
+    how = {"completed": "ran to completion", "max-steps": f"stopped after {r['steps']} training steps (--steps)",
+           "max-seconds": "stopped at the time limit (--seconds)", "error": "FAILED", "exit": "exited with an error",
+           "crashed": "CRASHED"}
+    seconds = "" if r.get("seconds") is None else f" in {r['seconds']:.2f} s"
+    lines.append(f"run: {how.get(r['outcome'], r['outcome'])}{seconds}, {r['steps']} training step(s) "
+                 f"({r['optimizer_steps']} optimizer step(s), {r['backward_calls']} backward pass(es))"
+                 f"{', with transfer_to_npu' if r.get('transfer_to_npu') else ''}")
+    if r.get("partial"):
+        lines.append(f"partial report: {r['partial']}")
+    if r.get("error"):
         lines.append("error:\n  " + r["error"].rstrip().replace("\n", "\n  "))
     lines.append("")
+    if "fallback_ops" not in r:  # killed before the script stopped: only the step counts are known
+        return "\n".join(lines)
     lines.append(f"CPU fallbacks on real hardware ({len(r['fallback_ops'])} op(s)):")
     for f in r["fallback_ops"]:
         share = "" if f["time_share"] is None else f", {f['time_share']:.1%} of op time ({f['time_ms']} ms)"
@@ -54,9 +76,13 @@ def text_report(r):
 @click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("--transfer", is_flag=True, help="Run under torch_npu.contrib.transfer_to_npu (unchanged CUDA code).")
 @click.option("--steps", "max_steps", type=click.IntRange(min=1), default=20, show_default=True,
-              help="Stop after this many optimizer steps.")
+              help="Stop after this many training steps: iterations of the training loop, counted by "
+                   "optimizer steps or by backward passes (loss.backward(), torch.autograd.grad), "
+                   "whichever count is ahead, so a loop that updates its weights by hand is bounded "
+                   "too. A script with neither is bounded by --seconds only.")
 @click.option("--seconds", "max_seconds", type=click.FloatRange(min=0, min_open=True), default=120.0,
-              show_default=True, help="Stop after this many seconds.")
+              show_default=True, help="Bound on the whole command, report included: the script is "
+                                      "stopped before, and killed at, this many seconds.")
 @click.option("--no-time", is_flag=True, help="Do not profile op times (no fallback time share; lower overhead).")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
               help="Report format (json: the script's own output goes to stderr).")
@@ -65,15 +91,68 @@ def text_report(r):
 @click.pass_context
 def preflight(ctx, transfer, max_steps, max_seconds, no_time, fmt, script, script_args):
     """Run SCRIPT on the virtual NPU for a bounded time and report what a port needs."""
-    from torch_npu.cli import _preflight_runner
-    # In json mode stdout carries only the report.
-    redirect = contextlib.redirect_stdout(sys.stderr) if fmt == "json" else contextlib.nullcontext()
-    with redirect:
-        report = _preflight_runner.run(script, script_args, transfer=transfer, max_steps=max_steps,
-                                       max_seconds=max_seconds, measure_time=not no_time)
-    sys.stdout.flush()
+    started = time.monotonic()
+    deadline = started + max_seconds
+    share, least, most = _REPORT_MARGIN
+    margin = min(max(max_seconds * share, least), most)
+    with tempfile.TemporaryDirectory(prefix="torch-npu-preflight-") as tmp:
+        report_path = os.path.join(tmp, "report.json")
+        spec = {"script": script, "args": list(script_args), "transfer": transfer, "max_steps": max_steps,
+                "measure_time": not no_time, "report_path": report_path,
+                "seconds_left": deadline - margin - time.monotonic()}
+        sys.stdout.flush()
+        # In json mode stdout carries only the report: the script's output goes to stderr.
+        child = subprocess.Popen([sys.executable, "-m", "torch_npu.cli._preflight_runner", json.dumps(spec)],
+                                 stdout=sys.stderr.fileno() if fmt == "json" else None)
+        killed = False
+        try:
+            child.wait(timeout=max(deadline - _PRINT_MARGIN_S - time.monotonic(), 0))
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+            killed = True
+        except BaseException:
+            child.kill()
+            child.wait()
+            raise
+        report = _read_report(report_path)
+    report = _settle(report, script, script_args, transfer, child.returncode, killed, max_seconds)
+    report["wall_seconds"] = round(time.monotonic() - started, 3)
     if fmt == "json":
         click.echo(json.dumps(report, indent=2))
     else:
         click.echo(text_report(report))
-    ctx.exit(1 if report["outcome"] in ("error", "exit") else 0)
+    ctx.exit(1 if report["outcome"] in ("error", "exit", "crashed") else 0)
+
+
+def _read_report(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def _settle(report, script, script_args, transfer, returncode, killed, max_seconds):
+    """The report to print: the child's last one, completed with how the child ended.
+
+    The child writes its step counts while the script runs (``partial == "running"``), then
+    the report without op times, then the full one; it may have been killed at any point.
+    """
+    started_script = report is not None
+    if report is None:
+        report = {"script": script, "args": list(script_args), "transfer_to_npu": transfer, "steps": 0,
+                  "optimizer_steps": 0, "backward_calls": 0, "seconds": None, "error": None}
+    finished_script = "outcome" in report
+    if killed and not finished_script:
+        report.update(outcome="max-seconds", partial=(
+            f"the script did not stop before the {max_seconds:g} s limit ("
+            + ("it was in a call that does not return to Python" if started_script
+               else "still starting, or in a call that does not return to Python")
+            + ") and was killed; only its step counts are known"))
+    elif killed:
+        report["partial"] = f"killed at the {max_seconds:g} s limit while computing op times; they are missing"
+    elif not finished_script or (returncode != 0 and report.get("partial")):
+        report.update(outcome="crashed", error=f"the run ended with exit status {returncode}"
+                      + (f" (signal {-returncode})" if returncode < 0 else "") + " before its report was complete")
+    return report

@@ -3,7 +3,9 @@
 ProcessGroupHCCL (C++) forwards every collective to a ProcessGroupGloo built
 by PyTorch's own binding (this module's ``_make_gloo``). Before the Gloo mesh
 connects, every rank checks that its peers agree on the group (world size,
-unique ranks), so a mis-launched job fails within seconds instead of hanging.
+unique ranks, valid HCCL_* settings), so a mis-launched job fails within
+seconds instead of hanging, and every rank raises the same DistBackendError
+(see ``_check_peers``).
 """
 import json
 import os
@@ -55,53 +57,99 @@ def _make_gloo(store, rank, size, timeout):
     return ProcessGroupGloo(store, rank, size, timeout)
 
 
-def _check_peers(store, rank, size, group_id, timeout_s):
+def _who(rank, info):
+    return f"rank {rank} ({info['host']}, pid {info['pid']})"
+
+
+# How long group rank 0 stays after the last acknowledgement: it may host the env:// store,
+# and a peer's last look at the acknowledgement count must not find it gone.
+_HOST_LINGER_S = 0.3
+
+
+def _fail_together(store, prefix, group_id, rank, message, expected, deadline):
+    """Raise the group's verdict on this rank, after every process that joined has read it.
+
+    The first rank to find a fault publishes its message (and how many processes must read
+    it: ``expected``) as the verdict; every rank raises the verdict's text, so all of them
+    report the same fault the same way. A rank leaves only when that many processes, and
+    all that joined, have acknowledged the verdict, or at ``deadline`` (at least one second
+    from now): the store may live in group rank 0 (it hosts the env:// TCPStore), and
+    leaving early would turn its peers' clear error into a lost connection. Once a rank
+    has seen the count complete it does not touch the store again.
+    """
+    verdict = {"text": f"HCCL init failed for group '{group_id}': {message}", "expected": expected}
+    deadline = max(deadline, time.monotonic() + 1.0)
+    try:
+        if store.add(prefix + "verdict_claim", 1) == 1:
+            store.set(prefix + "verdict", json.dumps(verdict))
+        while not store.check([prefix + "verdict"]) and time.monotonic() < deadline:
+            time.sleep(0.005)  # the first finder is writing it
+        if store.check([prefix + "verdict"]):
+            verdict = json.loads(store.get(prefix + "verdict"))
+        joined = store.add(prefix + "joined", 0)
+        acked = store.add(prefix + "acked", 1)
+        while acked < max(joined, verdict["expected"]) and time.monotonic() < deadline:
+            time.sleep(0.01)
+            joined, acked = store.add(prefix + "joined", 0), store.add(prefix + "acked", 0)
+        if rank == 0:
+            time.sleep(_HOST_LINGER_S)
+    except dist.DistError:
+        pass  # the store's host has gone after everyone read the verdict: nothing more to wait for
+    raise dist.DistBackendError(verdict["text"])
+
+
+def _check_peers(store, rank, size, group_id, timeout_s, settings_error=None):
     """Every rank publishes what it believes about the group and checks its peers.
 
-    Fails (on every rank that can tell) with a message naming the disagreement:
-    two processes with the same rank, different world sizes, or ranks that never
-    joined (dead, not started, or initialised another backend).
+    Faults, each reported by every rank with the same DistBackendError text (the verdict
+    of ``_fail_together``): two processes with the same rank, different world sizes, an
+    invalid HCCL_* setting on some rank (``settings_error``: that rank still takes part,
+    so its peers learn why instead of waiting), or ranks that did not join within
+    ``timeout_s`` (HCCL_CONNECT_TIMEOUT: dead, not started, or on another backend).
     """
     gen = _init_generation.get(group_id, 0)
     _init_generation[group_id] = gen + 1
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     prefix = f"hccl_init/{restart}/{gen}/"
-    me = {"world_size": size, "host": socket.gethostname(), "pid": os.getpid()}
-    if store.add(prefix + f"claim/{rank}", 1) > 1:
-        store.set(prefix + "duplicate", str(rank))
-        raise RuntimeError(
-            f"HCCL init failed for group '{group_id}': rank {rank} is already taken by another process "
-            f"({me['host']}, pid {me['pid']} is the second one). Every process of a job needs a unique "
-            "RANK in [0, world_size).")
-    store.set(prefix + f"info/{rank}", json.dumps(me))
     deadline = time.monotonic() + timeout_s
-    pending = list(range(size))
+    me = {"world_size": size, "host": socket.gethostname(), "pid": os.getpid(), "settings_error": settings_error}
+    store.add(prefix + "joined", 1)
+
+    def fail(message, expected=size):
+        _fail_together(store, prefix, group_id, rank, message, expected, deadline)
+
+    if store.add(prefix + f"claim/{rank}", 1) > 1:
+        fail(f"rank {rank} is already taken: two processes were started as rank {rank} (the second one is "
+             f"{me['host']}, pid {me['pid']}). Every process of a job needs a unique RANK in [0, world_size).",
+             expected=min(size, store.add(prefix + "joined", 0)))
+    store.set(prefix + f"info/{rank}", json.dumps(me))
+    if settings_error is not None:
+        fail(f"{_who(rank, me)} has an invalid setting: {settings_error}. Fix it on that rank.")
+    pending, known = list(range(size)), {rank: me}
     while pending:
+        if store.check([prefix + "verdict"]):
+            fail("another rank found a fault", expected=0)  # the published verdict is what is raised
         still = []
         for peer in pending:
             key = prefix + f"info/{peer}"
-            if store.check([key]):
-                info = json.loads(store.get(key))
-                if info["world_size"] != size:
-                    raise RuntimeError(
-                        f"HCCL init failed for group '{group_id}': world size mismatch: this process "
-                        f"(rank {rank}) has world_size={size}, rank {peer} ({info['host']}, pid {info['pid']}) "
-                        f"has world_size={info['world_size']}. Launch every rank with the same world size "
-                        "(check WORLD_SIZE / --nproc-per-node / --nnodes after a resume).")
-            else:
+            if peer not in known and not store.check([key]):
                 still.append(peer)
-        if store.check([prefix + "duplicate"]):
-            dup = store.get(prefix + "duplicate").decode()
-            raise RuntimeError(f"HCCL init failed for group '{group_id}': two processes were started "
-                               f"as rank {dup}; every process needs a unique RANK.")
+                continue
+            info = known.setdefault(peer, json.loads(store.get(key)))
+            if info.get("settings_error"):
+                fail(f"{_who(peer, info)} has an invalid setting: {info['settings_error']}. Fix it on that rank.")
+            if info["world_size"] != size:
+                fail(f"world size mismatch: {_who(rank, me)} has world_size={size}, {_who(peer, info)} has "
+                     f"world_size={info['world_size']}. Launch every rank with the same world size "
+                     "(check WORLD_SIZE / --nproc-per-node / --nnodes after a resume).",
+                     expected=min(size, info["world_size"]))
         pending = still
         if pending:
             if time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"HCCL init failed for group '{group_id}': rank {rank} waited {timeout_s} s "
-                    f"(HCCL_CONNECT_TIMEOUT) for ranks {pending} of world_size {size} to join the hccl "
-                    "group. They have exited, are stuck, were launched with another world size, or "
-                    "initialised a different backend.")
+                fail(f"rank {rank} waited {timeout_s} s (HCCL_CONNECT_TIMEOUT) for ranks {pending} of world_size "
+                     f"{size} to join the hccl group. They have exited, are stuck, were launched with another "
+                     "world size, or initialised a different backend.",
+                     expected=size - len(pending))
             time.sleep(0.02)
 
 
@@ -110,8 +158,15 @@ def _create_hccl(dist_backend_opts, pg_options):
     rank = dist_backend_opts.group_rank
     size = dist_backend_opts.group_size
     group_id = dist_backend_opts.group_id
-    connect = _env_seconds("HCCL_CONNECT_TIMEOUT") or _DEFAULT_CONNECT_TIMEOUT
-    _check_peers(store, rank, size, group_id, connect)
+    # A bad value is reported to every rank by the peer check, not raised here: a rank that
+    # left now would leave its peers waiting, or without their store.
+    settings_error, connect, exec_timeout = None, _DEFAULT_CONNECT_TIMEOUT, None
+    try:
+        connect = _env_seconds("HCCL_CONNECT_TIMEOUT") or _DEFAULT_CONNECT_TIMEOUT
+        exec_timeout = _env_seconds("HCCL_EXEC_TIMEOUT")
+    except ValueError as e:
+        settings_error = str(e)
+    _check_peers(store, rank, size, group_id, connect, settings_error)
     if isinstance(pg_options, ProcessGroupHCCL.Options):
         options = pg_options
     else:
@@ -120,7 +175,6 @@ def _create_hccl(dist_backend_opts, pg_options):
             options._timeout = pg_options._timeout
     timeout = dist_backend_opts.timeout
     options._timeout = timeout if isinstance(timeout, timedelta) else timedelta(seconds=float(timeout))
-    exec_timeout = _env_seconds("HCCL_EXEC_TIMEOUT")
     if exec_timeout is not None:
         # The collective timeout: a dead or hung peer makes the others raise by then.
         options._timeout = timedelta(seconds=exec_timeout)
@@ -130,12 +184,16 @@ def _create_hccl(dist_backend_opts, pg_options):
 
 
 def _bound_store_connect():
-    """HCCL_CONNECT_TIMEOUT, when set, also bounds the env:// / tcp:// store rendezvous.
+    """The env:// / tcp:// store rendezvous, made to fail the same way on every rank.
 
-    Rank 0 otherwise waits for every peer to reach its TCPStore (and the others
-    for rank 0) for the whole init_process_group timeout, 30 minutes by
-    default: a rank that was never started would hang the job. Once the store
-    is up it gets the group timeout back.
+    Rank 0 hosts the TCPStore. PyTorch makes it wait there until ``world_size`` processes
+    have connected, for the whole init_process_group timeout (30 minutes by default); a
+    rank 0 launched with a larger world size than its peers, or whose peer was never
+    started, would leave the others with a lost connection when it gives up. Here rank 0
+    does not wait in the store: the peer check of ``_check_peers`` does, bounded by
+    HCCL_CONNECT_TIMEOUT, and tells every rank what is wrong. HCCL_CONNECT_TIMEOUT, when
+    set, also bounds how long the other ranks try to reach rank 0's store; once connected
+    they get the group timeout back.
     """
     import sys
     import torch.distributed.rendezvous  # noqa: F401  (the attribute is the function; the module is in sys.modules)
@@ -143,7 +201,15 @@ def _bound_store_connect():
     create = rendezvous._create_c10d_store
 
     def _create_c10d_store(hostname, port, rank, world_size, timeout, use_libuv=True):
-        connect = _env_seconds("HCCL_CONNECT_TIMEOUT")
+        if rank == 0 and not rendezvous._torchelastic_use_agent_store():
+            if not 0 <= port < 2**16:
+                raise ValueError(f"port must have value from 0 to 65535 but was {port}.")
+            return dist.TCPStore(host_name=hostname, port=port, world_size=world_size, is_master=True,
+                                 timeout=timeout, wait_for_workers=False, multi_tenant=True, use_libuv=use_libuv)
+        try:
+            connect = _env_seconds("HCCL_CONNECT_TIMEOUT")
+        except ValueError:
+            connect = None  # reported to every rank by the peer check, once the store is up
         if connect is None or connect >= timeout.total_seconds():
             return create(hostname, port, rank, world_size, timeout, use_libuv)
         store = create(hostname, port, rank, world_size, timedelta(seconds=connect), use_libuv)

@@ -128,6 +128,11 @@ class Event(torch.Event):
         if self._recorded_at is None or getattr(end_event, "_recorded_at", None) is None:
             raise RuntimeError("Both events must be recorded before calculating elapsed time."
                                + pta_error(ErrCode.PARAM))
+        if self.device != end_event.device:
+            # Device clocks are not comparable; CUDA fails here too (invalid resource handle).
+            raise RuntimeError(f"Both events must be recorded on the same device to calculate elapsed time, "
+                               f"but the start event was recorded on {self.device} and the end event on "
+                               f"{end_event.device}." + pta_error(ErrCode.PARAM))
         return (end_event._recorded_at - self._recorded_at) * 1000.0
 
     def synchronize(self):

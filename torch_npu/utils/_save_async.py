@@ -10,7 +10,15 @@ directory, which is fsync-ed and then renamed over the target, and the
 directory is fsync-ed.  A process killed at any moment therefore leaves either
 the previous file or the new one at ``f``, never a partial file (a stale
 ``.<name>.tmp-*`` file may remain; it is safe to delete).
+
+A failed write is never lost: the temporary file is removed, the previous
+checkpoint at ``f`` is left untouched, and the failure (file and cause) is
+raised as a ``RuntimeError`` by the next ``save_async`` call or the next
+``_wait_for_pending_saves()``, whichever comes first.  A failure nobody has
+been told about when the interpreter exits is printed to stderr and the
+process exits with status 1 (see ``_report_at_exit``).
 """
+import atexit
 import io
 import os
 import pickle
@@ -30,6 +38,10 @@ __all__ = ["save_async"]
 _last_writer = None
 _writer_lock = threading.Lock()
 _tmp_counter = 0
+# (target, exception) of background writes that failed and were not yet raised to the caller.
+_failures = []
+# Exit status when a failed write is still unreported at interpreter exit.
+_EXIT_STATUS_ON_LOST_SAVE = 1
 
 
 def _fsync_directory(directory):
@@ -72,8 +84,71 @@ def _write(data, f, previous):
         else:
             f.write(data)
             f.flush()
-    except Exception as e:  # a background thread has nobody to raise to
-        print(f"torch_npu.utils.save_async: writing {f!r} failed: {type(e).__name__}: {e}", file=sys.stderr)
+    except BaseException as e:  # kept for the caller: raised at the next call, the wait, or exit
+        with _writer_lock:
+            _failures.append((f, e))
+
+
+def _target_label(f):
+    if isinstance(f, (str, os.PathLike)):
+        return repr(os.fspath(f))
+    return repr(getattr(f, "name", None) or f"<{type(f).__name__}>")
+
+
+def _failure_message(failures):
+    f, e = failures[0]
+    text = (f"torch_npu.utils.save_async: the checkpoint {_target_label(f)} was NOT saved: writing it failed "
+            f"with {type(e).__name__}: {e}. The previous file at that path (if any) is unchanged.")
+    if len(failures) > 1:
+        text += " %d more save(s) failed too: %s." % (
+            len(failures) - 1, "; ".join(f"{_target_label(g)} ({type(x).__name__}: {x})" for g, x in failures[1:]))
+    return text
+
+
+def _raise_failures():
+    """Raise (once) the failures of background writes that finished since the last report."""
+    with _writer_lock:
+        failures = _failures[:]
+        _failures.clear()
+    if failures:
+        raise RuntimeError(_failure_message(failures) + pta_error(ErrCode.SYSCALL)) from failures[0][1]
+
+
+def _report_at_exit():
+    """At interpreter exit (after the writer threads were joined): a failed save nobody was told
+    about is printed and turns the exit status to 1.
+
+    Raising in an atexit handler only prints a traceback, and the status was fixed before
+    the handlers ran, so the process ends with ``os._exit``: after flushing the standard
+    streams and shutting logging and multiprocessing down, which are the handlers registered
+    before this one (those run after it and are skipped by ``os._exit``).
+    """
+    _wait_quietly()
+    with _writer_lock:
+        failures = _failures[:]
+        _failures.clear()
+    if not failures:
+        return
+    try:
+        print(_failure_message(failures) + " Exiting with status 1.", file=sys.stderr)
+        import logging
+        logging.shutdown()
+        if "multiprocessing.util" in sys.modules:
+            sys.modules["multiprocessing.util"]._exit_function()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        os._exit(_EXIT_STATUS_ON_LOST_SAVE)
+
+
+def _wait_quietly():
+    with _writer_lock:
+        last = _last_writer
+    if last is not None:
+        last.join()
 
 
 def save_async(
@@ -87,11 +162,14 @@ def save_async(
 ) -> None:
     """Serialize ``obj`` now and write it to ``f`` (a path or a binary file) in the background.
 
+    Raises ``RuntimeError`` (naming the file and the cause) when an earlier save_async
+    write has failed since the last report, before starting this one.
     ``model`` is accepted for compatibility: on hardware it delays the next
     backward pass until the device-to-host copy is done; here that copy is
     finished before this function returns.
     """
     global _last_writer
+    _raise_failures()
     if _use_new_zipfile_serialization is False:
         raise RuntimeError("torch_npu.utils.save_async does not support _use_new_zipfile_serialization=False "
                            "for npu tensors; save with _use_new_zipfile_serialization=True, or move the npu "
@@ -111,8 +189,12 @@ def save_async(
 
 
 def _wait_for_pending_saves():
-    """Block until every save_async started so far has written its file."""
-    with _writer_lock:
-        last = _last_writer
-    if last is not None:
-        last.join()
+    """Block until every save_async started so far has written its file; raise ``RuntimeError``
+    (file and cause, the write's exception chained) if one of them failed."""
+    _wait_quietly()
+    _raise_failures()
+
+
+# Registered at import, so that it runs after the handlers registered later (LIFO) and
+# skips as few as possible when it has to end the process.
+atexit.register(_report_at_exit)

@@ -15,6 +15,7 @@ that are intact keep PyTorch's error unchanged (a refused pickle stays a
 import io
 import os
 import pickle
+import struct
 import zipfile
 from typing import Any, Optional
 
@@ -27,6 +28,36 @@ __all__ = ["load", "save_async"]
 
 _torch_load = torch.serialization.load
 _ZIP_MAGIC = b"PK\x03\x04"
+
+
+# Zip local file header: signature, version, flags, method, time, date, crc, sizes, name and extra lengths.
+_LOCAL_HEADER = struct.Struct("<4sHHHHHIIIHH")
+_MAX_RECORD_NAME = 1024
+
+
+def _first_record_damage(head, size) -> Optional[str]:
+    """What is wrong with the first zip record header in ``head``, or None when it is plausible.
+
+    A truncated checkpoint still starts with a valid record (``<archive>/data.pkl``, stored
+    or deflated, a UTF-8 name); bytes that merely start with the zip signature do not.
+    """
+    if len(head) < _LOCAL_HEADER.size:
+        return None  # too short to tell: a truncation
+    _, version, _, method, _, _, _, _, _, name_len, _ = _LOCAL_HEADER.unpack_from(head)
+    if method not in (0, 8):
+        return f"its first record has an unknown compression method {method}"
+    if version > 63:
+        return f"its first record needs zip version {version / 10:.1f}, which does not exist"
+    if name_len == 0 or name_len > _MAX_RECORD_NAME or _LOCAL_HEADER.size + name_len > size:
+        return f"its first record has an impossible name length {name_len}"
+    name = head[_LOCAL_HEADER.size:_LOCAL_HEADER.size + name_len]
+    try:
+        text = name.decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+    if text is None or not text.isprintable():
+        return f"the name of its first record is not text ({name[:24]!r})"
+    return None
 
 
 def _describe_damage(opened) -> Optional[str]:
@@ -48,6 +79,10 @@ def _describe_damage(opened) -> Optional[str]:
         with zipfile.ZipFile(opened) as archive:
             bad_record = archive.testzip()
     except zipfile.BadZipFile as e:
+        opened.seek(0)
+        header_damage = _first_record_damage(opened.read(_LOCAL_HEADER.size + _MAX_RECORD_NAME), size)
+        if header_damage is not None:
+            return f"it is not a zip archive written by torch.save: {header_damage}; the file is {size} bytes, corrupt"
         return f"it is not a complete zip archive ({e}); the file is {size} bytes, probably truncated"
     except (EOFError, OSError, ValueError, zipfile.LargeZipFile) as e:
         return f"reading its zip records failed ({type(e).__name__}: {e}); the file is {size} bytes"
