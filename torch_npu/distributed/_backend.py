@@ -15,6 +15,7 @@ from datetime import timedelta
 import torch.distributed as dist
 from torch._C._distributed_c10d import ProcessGroupGloo
 
+from torch_npu import _settings
 from torch_npu._C._distributed_c10d import ProcessGroupHCCL, _set_gloo_factory
 
 __all__ = []
@@ -25,22 +26,21 @@ _init_generation = {}
 
 
 def _env_seconds(name):
-    raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
-        return None
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"{name} must be an integer number of seconds, got {raw!r}") from None
-    if value <= 0:
-        raise ValueError(f"{name} must be a positive number of seconds, got {raw!r}")
-    return value
+    """A HCCL_*_TIMEOUT in seconds, None when unset (parsed by torch_npu._settings)."""
+    return _settings.get(name) if _settings.is_set(name) else None
+
+
+def _check_settings():
+    """The distributed settings are checked before any rank connects, and the
+    C++ core gets their current values (TORCH_NPU_EMU_COLLECTIVE_CHECK...)."""
+    _settings.validate("process group")
+    _settings.push_to_core()
 
 
 def _apply_socket_ifname():
     """HCCL_SOCKET_IFNAME names the NIC HCCL binds; Gloo reads GLOO_SOCKET_IFNAME."""
-    ifname = os.environ.get("HCCL_SOCKET_IFNAME")
-    if not ifname or os.environ.get("GLOO_SOCKET_IFNAME"):
+    ifname = _settings.get("HCCL_SOCKET_IFNAME")
+    if not ifname or _settings.get("GLOO_SOCKET_IFNAME"):
         return
     if ifname.startswith("^"):
         warnings.warn(f"HCCL_SOCKET_IFNAME={ifname!r}: exclusion lists are not supported by the emulated "
@@ -110,6 +110,7 @@ def _create_hccl(dist_backend_opts, pg_options):
     rank = dist_backend_opts.group_rank
     size = dist_backend_opts.group_size
     group_id = dist_backend_opts.group_id
+    _check_settings()
     connect = _env_seconds("HCCL_CONNECT_TIMEOUT") or _DEFAULT_CONNECT_TIMEOUT
     _check_peers(store, rank, size, group_id, connect)
     if isinstance(pg_options, ProcessGroupHCCL.Options):
@@ -143,6 +144,7 @@ def _bound_store_connect():
     create = rendezvous._create_c10d_store
 
     def _create_c10d_store(hostname, port, rank, world_size, timeout, use_libuv=True):
+        _check_settings()  # a bad HCCL_* value fails here, before the store connects
         connect = _env_seconds("HCCL_CONNECT_TIMEOUT")
         if connect is None or connect >= timeout.total_seconds():
             return create(hostname, port, rank, world_size, timeout, use_libuv)
