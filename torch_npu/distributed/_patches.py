@@ -108,10 +108,15 @@ def _patch_monitored_barrier():
 
 
 def _patch_sharded_grad_scaler():
-    """FSDP's ShardedGradScaler becomes torch_npu's, whose default device is npu (as the real one)."""
-    from torch.distributed.fsdp import sharded_grad_scaler
-    from torch_npu.npu.amp.sharded_grad_scaler import _ShardedGradScaler
-    sharded_grad_scaler.ShardedGradScaler = _ShardedGradScaler
+    """FSDP's ShardedGradScaler becomes torch_npu's, whose default device is npu (as the real one),
+    when FSDP is imported: importing it here would cost every ``import torch`` seconds."""
+    from torch_npu.utils._lazy import after_import
+
+    def patch(sharded_grad_scaler):
+        from torch_npu.npu.amp.sharded_grad_scaler import _ShardedGradScaler
+        sharded_grad_scaler.ShardedGradScaler = _ShardedGradScaler
+
+    after_import("torch.distributed.fsdp.sharded_grad_scaler", patch)
 
 
 def apply():
