@@ -8,7 +8,7 @@ from multiprocessing.reduction import ForkingPickler
 from torch.nn.modules import batchnorm
 
 import torch_npu
-from _subproc import run_json
+from _subproc import result, run_many
 
 
 def _sentinel(*args, **kwargs):
@@ -38,8 +38,7 @@ def test_importing_submodules_patches_nothing():
     assert "hccl" in dist.Backend.backend_list
 
 
-def test_fsdp_is_imported_only_when_used():
-    r = run_json(r'''
+_FSDP_FIRST = r'''
 import sys, torch
 before = sorted(m for m in sys.modules if m.startswith("torch.distributed.fsdp"))
 import torch_npu
@@ -47,8 +46,22 @@ after_import = sorted(m for m in sys.modules if m.startswith("torch.distributed.
 from torch.distributed.fsdp import sharded_grad_scaler
 emit({"before": before, "after_import": after_import,
       "patched": sharded_grad_scaler.ShardedGradScaler is torch_npu._ShardedGradScaler,
+      "base": torch_npu._ShardedGradScaler.__mro__[1].__module__,
       "npu_default": torch_npu._ShardedGradScaler.__init__.__defaults__[0],
       "amp_attr": torch.npu.amp.sharded_grad_scaler._ShardedGradScaler is torch_npu._ShardedGradScaler})
-''', env={"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
-    assert r["before"] == [] and r["after_import"] == []
-    assert r["patched"] and r["amp_attr"] and r["npu_default"] == "npu"
+'''
+
+# torch_npu's class is touched first: its module is the one that imports FSDP.
+_NPU_FIRST = _FSDP_FIRST.replace("from torch.distributed.fsdp import sharded_grad_scaler",
+                                 "scaler = torch_npu._ShardedGradScaler\n"
+                                 "from torch.distributed.fsdp import sharded_grad_scaler")
+
+
+def test_fsdp_is_imported_only_when_used():
+    runs = run_many({"fsdp_first": (_FSDP_FIRST, {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}),
+                     "npu_first": (_NPU_FIRST, {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})})
+    for name in runs:
+        r = result(runs, name)
+        assert r["before"] == [] and r["after_import"] == [], name
+        assert r["patched"] and r["amp_attr"] and r["npu_default"] == "npu", (name, r)
+        assert r["base"] == "torch.distributed.fsdp.sharded_grad_scaler", (name, r)
