@@ -198,9 +198,13 @@ def test_undeclared_name_is_refused():
 # --------------------------------------------------------------------------
 
 _IMPORT = r'''
+import os
 R = {"import": catch(lambda: __import__("torch_npu"))}
+R["autoload"] = os.environ.get("TORCH_DEVICE_BACKEND_AUTOLOAD")  # restored after the failed import
 emit(R)
 '''
+
+_NO_AUTOLOAD = {"TORCH_DEVICE_BACKEND_AUTOLOAD": None}  # unset, to see that a failed import restores it
 
 _DEVICE = r'''
 import torch, torch_npu
@@ -246,9 +250,9 @@ _DEVICE_NAMES = [s.name for s in settings.SETTINGS.values() if s.when == "device
 def fresh():
     device_bad = {n: BAD[n] for n in _DEVICE_NAMES}
     return run_many({
-        "autograd_threads": (_IMPORT, {"TORCH_NPU_EMU_AUTOGRAD_THREADS": "2"}),
-        "rank": (_IMPORT, {"RANK": "4294967297"}),
-        "compact": (_IMPORT, {"TORCH_NPU_COMPACT_ERROR_OUTPUT": "yes"}),
+        "autograd_threads": (_IMPORT, dict(_NO_AUTOLOAD, TORCH_NPU_EMU_AUTOGRAD_THREADS="2")),
+        "rank": (_IMPORT, dict(_NO_AUTOLOAD, RANK="4294967297")),
+        "compact": (_IMPORT, dict(_NO_AUTOLOAD, TORCH_NPU_COMPACT_ERROR_OUTPUT="yes")),
         "memory_inf": (_DEVICE, {"TORCH_NPU_EMU_MEMORY": "inf"}),
         "memory_huge": (_DEVICE, {"TORCH_NPU_EMU_MEMORY": "99999999999999999999999"}),
         "visible_huge": (_DEVICE, {"ASCEND_RT_VISIBLE_DEVICES": "99999999999999999999"}),
@@ -262,7 +266,9 @@ def fresh():
                                             ("rank", "RANK", "4294967297"),
                                             ("compact", "TORCH_NPU_COMPACT_ERROR_OUTPUT", "yes")])
 def test_import_fails_on_a_bad_import_setting(fresh, job, name, value):
-    err = result(fresh, job)["import"]
+    r = result(fresh, job)
+    err = r["import"]
+    assert r["autoload"] is None
     assert err[0] == "ValueError" and err[1].startswith(f"{name} must be ") and err[1].endswith(f"got {value!r}")
 
 

@@ -18,7 +18,8 @@ OUT = os.path.join(ROOT, "docs", "settings.md")
 
 def _registry():
     # Loaded by path: the registry has no imports of its own from torch_npu.
-    spec = importlib.util.spec_from_file_location("_torch_npu_settings", os.path.join(ROOT, "torch_npu", "_settings.py"))
+    path = os.path.join(ROOT, "torch_npu", "_settings.py")
+    spec = importlib.util.spec_from_file_location("_torch_npu_settings", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -13,6 +13,15 @@ import os as _os
 _autoload_saved = _os.environ.get("TORCH_DEVICE_BACKEND_AUTOLOAD")
 _os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
 
+
+
+def _restore_autoload():
+    if _autoload_saved is None:
+        _os.environ.pop("TORCH_DEVICE_BACKEND_AUTOLOAD", None)
+    else:
+        _os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = _autoload_saved
+
+
 import torch  # noqa: E402
 
 from torch_npu.version import __version__  # noqa: E402
@@ -45,7 +54,11 @@ if _conflict is not None:
         f"Two accelerators cannot be used at the same time in PyTorch: npu and {_conflict}. You can install the "
         f"cpu version of PyTorch to use your npu device, or use the {_conflict} device with "
         f"'export TORCH_DEVICE_BACKEND_AUTOLOAD=0'." + pta_error(ErrCode.NOT_SUPPORT))
-_settings.validate("import")
+try:
+    _settings.validate("import")
+except ValueError:
+    _restore_autoload()  # a failed import leaves the user's environment as it was
+    raise
 
 # 2. Logging (TORCH_NPU_LOGS, ASCEND_GLOBAL_LOG_LEVEL ...), connected to the C++ core's records.
 import torch_npu.utils._logging  # noqa: E402
@@ -128,10 +141,7 @@ torch_npu.dynamo._install()
 
 # 8. Autoload hooks: restore the user's TORCH_DEVICE_BACKEND_AUTOLOAD, flush
 #    autograd device threads at exit, TORCH_TRANSFER_TO_NPU (at the end of this file).
-if _autoload_saved is None:
-    _os.environ.pop("TORCH_DEVICE_BACKEND_AUTOLOAD", None)
-else:
-    _os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = _autoload_saved
+_restore_autoload()
 
 
 def __getattr__(name):

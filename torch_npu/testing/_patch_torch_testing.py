@@ -20,7 +20,8 @@ def apply():
     if _applied:
         return
     _applied = True
-    if not (_settings.is_set("PYTORCH_TESTING_DEVICE_ONLY_FOR") or _settings.is_set("PYTORCH_TESTING_DEVICE_EXCEPT_FOR")):
+    if not (_settings.is_set("PYTORCH_TESTING_DEVICE_ONLY_FOR")
+            or _settings.is_set("PYTORCH_TESTING_DEVICE_EXCEPT_FOR")):
         os.environ["PYTORCH_TESTING_DEVICE_EXCEPT_FOR"] = "cuda,cpu"
     from torch.testing._internal import common_device_type, common_utils
     common_device_type.onlyCUDA = common_device_type.onlyPRIVATEUSE1
