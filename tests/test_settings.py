@@ -81,6 +81,12 @@ def test_core_settings_are_declared_in_the_cpp_reads():
     assert asked == core
 
 
+def test_where_names_existing_files():
+    for s in settings.SETTINGS.values():
+        for where in s.where.split(";"):
+            assert (REPO / where.strip()).is_file(), (s.name, where)
+
+
 def test_settings_page_is_current():
     spec = importlib.util.spec_from_file_location("_gen_settings_doc", REPO / "tools" / "gen_settings_doc.py")
     gen = importlib.util.module_from_spec(spec)

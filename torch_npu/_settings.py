@@ -290,10 +290,10 @@ _ALL: List[Setting] = [
                           "on": "1", "OFF": "0", "ON": "1", "all": "1"}), "auto",
             "Fingerprint check of collectives across ranks: 1/all every collective, 0 never, auto where "
             "it is cheap (the first collectives of a group and large payloads).",
-            "csrc/distributed/ProcessGroupHCCLChecker.cpp", "process group", core=True),
+            "csrc/distributed/CollectiveCheck.cpp", "process group", core=True),
     Setting("TORCH_DISTRIBUTED_DEBUG", _choice_type({"OFF": "OFF", "INFO": "INFO", "DETAIL": "DETAIL"}), "OFF",
             "PyTorch's distributed debug level; DETAIL also turns the collective fingerprint check on for "
-            "every collective.", "csrc/distributed/ProcessGroupHCCLChecker.cpp", "process group", core=True,
+            "every collective.", "csrc/distributed/CollectiveCheck.cpp", "process group", core=True,
             owner="PyTorch"),
     # --- read by the API that uses them ----------------------------------------------------
     Setting("TASK_QUEUE_ENABLE", _int_type(0, 2), 1,
