@@ -4,7 +4,6 @@ and a bad value fails with an error naming the variable and the value."""
 import importlib.util
 import re
 import socket
-from pathlib import Path
 
 import pytest
 

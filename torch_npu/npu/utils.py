@@ -1,5 +1,4 @@
 """Device selection, properties and stream contexts of torch.npu."""
-import os
 import warnings
 from typing import Any, Optional, Union
 
