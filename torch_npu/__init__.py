@@ -6,39 +6,67 @@
 import atexit as _atexit
 import os as _os
 
+# The start-up sequence. Importing any torch_npu submodule has no side effect
+# on PyTorch; everything that changes PyTorch happens here, in this order.
+#
+# 0. While torch_npu imports, `import torch` must not autoload torch_npu again.
 _autoload_saved = _os.environ.get("TORCH_DEVICE_BACKEND_AUTOLOAD")
 _os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
+
+
+
+def _restore_autoload():
+    if _autoload_saved is None:
+        _os.environ.pop("TORCH_DEVICE_BACKEND_AUTOLOAD", None)
+    else:
+        _os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = _autoload_saved
+
 
 import torch  # noqa: E402
 
 from torch_npu.version import __version__  # noqa: E402
-from torch_npu.utils._error_code import ErrCode, pta_error  # noqa: E402
+from torch_npu import _settings  # noqa: E402
 
 __all__ = []
 
 
-def _check_device_conflict():
+def _other_accelerator():
+    """The accelerator PyTorch already has, if it is not the NPU (None otherwise)."""
     try:
         acc = torch._C._get_accelerator().type
     except Exception:
-        return
-    if acc not in ("cpu", "npu", "privateuseone"):
-        raise RuntimeError(
-            f"Two accelerators cannot be used at the same time in PyTorch: npu and {acc}. You can install the "
-            f"cpu version of PyTorch to use your npu device, or use the {acc} device with "
-            f"'export TORCH_DEVICE_BACKEND_AUTOLOAD=0'." + pta_error(ErrCode.NOT_SUPPORT))
+        return None
+    return None if acc in ("cpu", "npu", "privateuseone") else acc
 
 
-_check_device_conflict()
+_conflict = _other_accelerator()
 
+# 1. The C extension, then the settings: every variable read at import is
+#    checked now (SettingError names the variable and the value), and the C++
+#    core gets its values (it reads no environment itself).
 import torch_npu._C  # noqa: E402
+
+_settings.push_to_core()
+from torch_npu.utils._error_code import ErrCode, pta_error  # noqa: E402
+
+if _conflict is not None:
+    raise RuntimeError(
+        f"Two accelerators cannot be used at the same time in PyTorch: npu and {_conflict}. You can install the "
+        f"cpu version of PyTorch to use your npu device, or use the {_conflict} device with "
+        f"'export TORCH_DEVICE_BACKEND_AUTOLOAD=0'." + pta_error(ErrCode.NOT_SUPPORT))
+try:
+    _settings.validate("import")
+except ValueError:
+    _restore_autoload()  # a failed import leaves the user's environment as it was
+    raise
+
+# 2. Logging (TORCH_NPU_LOGS, ASCEND_GLOBAL_LOG_LEVEL ...), connected to the C++ core's records.
 import torch_npu.utils._logging  # noqa: E402
 
-# The loggers were configured before the C++ core was loaded: connect it.
 torch_npu.utils._logging.configure()
 
-# Same registration as the real plugin: PrivateUse1 renamed "npu", torch.npu
-# is torch_npu.npu, generated Tensor/Module/Storage methods.
+# 3. The device module, as the real plugin registers it: PrivateUse1 renamed
+#    "npu", torch.npu is torch_npu.npu, generated Tensor/Module/Storage methods.
 if torch._C._get_privateuse1_backend_name() != "npu":
     torch.utils.rename_privateuse1_backend("npu")
 
@@ -67,12 +95,16 @@ def _native_npu_ops():
     return ops + _EMULATION_INTERNAL_OPS
 
 
+# 4. The C++ kernels: zero-copy CPU kernels, the emulated CPU fallback.
 _kernel_registration = torch_npu._C._initExtension(_native_npu_ops())
 
+# 5. The emulated CANN: version facts (torch.version.cann, _C's version functions).
 torch.version.cann = torch_npu.version.cann
-# CANN's set_env.sh variables (ASCEND_HOME_PATH ...) for clients such as DeepSpeed, unless the user set their own.
+import torch_npu.utils  # noqa: E402
+# CANN's set_env.sh variables (ASCEND_HOME_PATH ...) for clients such as DeepSpeed,
+# unless the user set their own (TORCH_NPU_EMU_CANN_ENV=0 turns this off).
 torch_npu.utils._cann_env.apply_to_process_env()
-# torch_npu._C._get_cann_version/_is_gte_cann_version answer from the emulated CANN (Python).
+
 torch_npu.utils._cann.install_c_fallbacks()
 
 # The emulated device computes with CPU kernels (OpenMP). PyTorch would run
@@ -81,9 +113,11 @@ torch_npu.utils._cann.install_c_fallbacks()
 # kernel in the process (2x on a small MLP step). So backward runs on the
 # calling thread, as it does for CPU tensors; TORCH_NPU_EMU_AUTOGRAD_THREADS=1
 # restores PyTorch's device threads.
-if _os.environ.get("TORCH_NPU_EMU_AUTOGRAD_THREADS", "0") != "1":
+if not _settings.get("TORCH_NPU_EMU_AUTOGRAD_THREADS"):
     torch._C._set_multithreading_enabled(False)
 
+# 6. The package's API: emulator facts, dtype constants, custom ops, optimizers,
+#    the hccl backend, profiler, torch.compile backends, multiprocessing reductions.
 from torch_npu import emulator  # noqa: E402,F401
 # torch_npu._C._cd.DType and the integer dtype constants torch_npu.hifloat8, .float8_e4m3fn ...
 from torch_npu.utils import _custom_dtype  # noqa: E402
@@ -92,21 +126,32 @@ _custom_dtype.install(torch_npu)
 import torch_npu.op_plugin  # noqa: E402,F401
 from torch_npu.op_plugin.tensor.formats import Format  # noqa: E402,F401
 import torch_npu.optim  # noqa: E402,F401
-import torch_npu.distributed  # noqa: E402,F401  (registers the hccl backend)
-from torch_npu.npu.amp.sharded_grad_scaler import _ShardedGradScaler  # noqa: E402,F401
+import torch_npu.distributed  # noqa: E402,F401
 import torch_npu.profiler  # noqa: E402,F401
 import torch_npu.dynamo  # noqa: E402
 from torch_npu.utils.hif8_tensor import HiFloat8Tensor  # noqa: E402,F401
 import torch_npu.multiprocessing  # noqa: E402,F401  (npu tensor/event IPC reductions)
 
-# torchair / npugraph_ex modules, torch.compile's npu route; dynamo itself is
-# registered lazily, when something imports it.
+# 7. Patches of PyTorch: torch.load, SyncBatchNorm; the hccl backend and
+#    torch.distributed's patches; npu tensor/event reductions for
+#    torch.multiprocessing; torchair / npugraph_ex modules, torch.compile's npu
+#    route (dynamo itself is registered lazily, when something imports it).
+torch_npu.utils._install_patches()
+torch_npu.distributed._install()
+torch_npu.multiprocessing.reductions._install()
 torch_npu.dynamo._install()
 
-if _autoload_saved is None:
-    _os.environ.pop("TORCH_DEVICE_BACKEND_AUTOLOAD", None)
-else:
-    _os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = _autoload_saved
+# 8. Autoload hooks: restore the user's TORCH_DEVICE_BACKEND_AUTOLOAD, flush
+#    autograd device threads at exit, TORCH_TRANSFER_TO_NPU (at the end of this file).
+_restore_autoload()
+
+
+def __getattr__(name):
+    # _ShardedGradScaler imports FSDP (about 3 s of import time): loaded on first access.
+    if name == "_ShardedGradScaler":
+        from torch_npu.npu.amp.sharded_grad_scaler import _ShardedGradScaler
+        return _ShardedGradScaler
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _npu_shutdown():
@@ -129,11 +174,8 @@ def _autoload():
 
 def _transfer_to_npu_if_asked():
     """``TORCH_TRANSFER_TO_NPU=1``: apply the CUDA-to-NPU patch once the package is ready."""
-    value = _os.environ.get("TORCH_TRANSFER_TO_NPU", "0")
-    if value == "1":
+    if _settings.get("TORCH_TRANSFER_TO_NPU"):
         import torch_npu.contrib.transfer_to_npu  # noqa: F401
-    elif value != "0":
-        raise ValueError(f"Invalid value for TORCH_TRANSFER_TO_NPU: {value}. Only '0' or '1' is supported.")
 
 
 _transfer_to_npu_if_asked()

@@ -23,6 +23,7 @@
 #include "aten/OpExecution.h"
 #include "core/NPUCachingAllocator.h"
 #include "core/NPUException.h"
+#include "core/Settings.h"
 
 namespace torch_npu::exec {
 namespace {
@@ -32,10 +33,8 @@ std::map<std::string, FallbackStats>* g_stats = new std::map<std::string, Fallba
 std::unordered_set<std::string>* g_warned = new std::unordered_set<std::string>();
 
 bool fallback_disabled() {
-  static const bool disabled = [] {
-    const char* v = std::getenv("TORCH_NPU_FALLBACK_CPU_DISABLE");
-    return v != nullptr && std::string(v) == "1";
-  }();
+  // Cached at first read, as in torch_npu (value from torch_npu._settings).
+  static const bool disabled = torch_npu::settings::flag("TORCH_NPU_FALLBACK_CPU_DISABLE", false);
   return disabled;
 }
 

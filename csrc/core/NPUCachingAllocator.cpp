@@ -16,6 +16,7 @@
 #include <unordered_map>
 
 #include "core/NPUException.h"
+#include "core/Settings.h"
 #include "runtime/AclRuntime.h"
 
 namespace torch_npu::allocator {
@@ -62,17 +63,16 @@ struct AllocConf {
 
 AllocConf parse_conf() {
   AllocConf c;
-  const char* npu = std::getenv("PYTORCH_NPU_ALLOC_CONF");
-  const char* generic = std::getenv("PYTORCH_ALLOC_CONF");
+  // Values from torch_npu._settings (core/Settings.h); the grammar is parsed here.
+  const auto npu = settings::get("PYTORCH_NPU_ALLOC_CONF");
+  const auto generic = settings::get("PYTORCH_ALLOC_CONF");
   if (npu && generic) {
     bad_conf("PYTORCH_NPU_ALLOC_CONF and PYTORCH_ALLOC_CONF cannot be set at the same time.");
   }
-  const char* env = npu ? npu : generic;
-  if (const char* nc = std::getenv("PYTORCH_NO_NPU_MEMORY_CACHING")) {
-    c.caching_disabled = std::string(nc) == "1";
-  }
-  if (env == nullptr) return c;
-  c.text = env;
+  c.caching_disabled = settings::flag("PYTORCH_NO_NPU_MEMORY_CACHING", false);
+  if (!npu && !generic) return c;
+  c.text = npu ? *npu : *generic;
+  const std::string& env = c.text;
   std::string s(env);
   size_t pos = 0;
   while (pos <= s.size()) {

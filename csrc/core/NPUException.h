@@ -7,13 +7,16 @@
 
 namespace torch_npu {
 
-enum class SubModule { PTA = 0, OPS = 1, DIST = 2, GRAPH = 3, PROF = 4 };
+enum class SubModule { PTA = 0, OPS = 1, DIST = 2, GRAPH = 3, PROF = 4, UNKNOWN = 99 };
 enum class ErrCode {
-  PARAM = 1, TYPE = 2, VALUE = 3, PTR = 4, INTERNAL = 5, MEMORY = 6,
+  SUC = 0, PARAM = 1, TYPE = 2, VALUE = 3, PTR = 4, INTERNAL = 5, MEMORY = 6,
   NOT_SUPPORT = 7, NOT_FOUND = 8, UNAVAIL = 9, SYSCALL = 10, TIMEOUT = 11,
-  PERMISSION = 12, ACL = 100, HCCL = 200, GE = 300
+  PERMISSION = 12, ACL = 100, HCCL = 200, GE = 300, EXCEPTION = 999
 };
 
+// The one formatter of the suffix, for C++ and Python (torch_npu._C._format_error_code,
+// called by torch_npu.utils._error_code). "" when TORCH_NPU_COMPACT_ERROR_OUTPUT=1
+// or Python is interactive.
 std::string format_error_code(SubModule sub, ErrCode code);
 
 inline std::string PTA_ERROR(ErrCode c) { return format_error_code(SubModule::PTA, c); }

@@ -6,13 +6,13 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include <array>
-#include <cstdlib>
 #include <mutex>
 #include <sstream>
 #include <unordered_map>
 #include <utility>
 
 #include "aten/OpExecution.h"
+#include "distributed/CollectiveCheck.h"
 #include "profiler/DeviceTimeline.h"
 
 namespace torch_npu::distributed {
@@ -25,37 +25,6 @@ GlooFactory factory() {
   std::lock_guard<std::mutex> g(g_factory_mu);
   TORCH_CHECK(g_factory, "ProcessGroupHCCL: torch_npu.distributed is not initialised (no Gloo factory)");
   return g_factory;
-}
-
-bool env_flag(const char* name, bool dflt) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return dflt;
-  const std::string s(v);
-  return !(s == "0" || s == "false" || s == "False" || s == "OFF" || s == "off");
-}
-
-std::string op_name(c10d::OpType t) {
-  switch (t) {
-    case c10d::OpType::BROADCAST: return "broadcast";
-    case c10d::OpType::ALLREDUCE: return "allreduce";
-    case c10d::OpType::ALLREDUCE_COALESCED: return "allreduce_coalesced";
-    case c10d::OpType::REDUCE: return "reduce";
-    case c10d::OpType::ALLGATHER: return "allgather";
-    case c10d::OpType::_ALLGATHER_BASE: return "allgather_into_tensor";
-    case c10d::OpType::ALLGATHER_COALESCED: return "allgather_coalesced";
-    case c10d::OpType::GATHER: return "gather";
-    case c10d::OpType::SCATTER: return "scatter";
-    case c10d::OpType::REDUCE_SCATTER: return "reduce_scatter";
-    case c10d::OpType::_REDUCE_SCATTER_BASE: return "reduce_scatter_tensor";
-    case c10d::OpType::ALLTOALL_BASE: return "all_to_all_single";
-    case c10d::OpType::ALLTOALL: return "all_to_all";
-    case c10d::OpType::SEND: return "send";
-    case c10d::OpType::RECV: return "recv";
-    case c10d::OpType::RECVANYSOURCE: return "recv_anysource";
-    case c10d::OpType::BARRIER: return "barrier";
-    case c10d::OpType::COALESCED: return "coalesced";
-    default: return "collective";
-  }
 }
 
 // The HCCL task names the real profiler shows for each collective.
@@ -79,23 +48,6 @@ const char* hcom_name(c10d::OpType t) {
     case c10d::OpType::RECVANYSOURCE: return "hcom_receive_";
     case c10d::OpType::BARRIER: return "hcom_barrier_";
     default: return "hcom_collective_";
-  }
-}
-
-const char* reduce_name(int64_t op) {
-  static const char* names[] = {"SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "PREMUL_SUM"};
-  return (op >= 0 && op <= 8) ? names[op] : "-";
-}
-
-std::string exception_text(const std::exception_ptr& e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const c10::Error& err) {
-    return err.what_without_backtrace();
-  } catch (const std::exception& err) {
-    return err.what();
-  } catch (...) {
-    return "unknown error";
   }
 }
 
@@ -272,7 +224,7 @@ ProcessGroupHCCL::ProcessGroupHCCL(const c10::intrusive_ptr<c10d::Store>& store,
   if (options_->op_timeout > 0) timeout = std::chrono::milliseconds(options_->op_timeout);
   GlooFactory make = factory();
   gloo_ = make(store_, rank, size, timeout);
-  check_mode_ = check_mode_from_env();
+  check_mode_ = check_mode_from_settings();
   check_ = check_mode_ != CheckMode::OFF;
   if (check_ && size > 1) {
     checker_ = make(c10::make_intrusive<c10d::PrefixStore>("hccl_fingerprint", store_), rank, size, timeout);
@@ -283,107 +235,17 @@ ProcessGroupHCCL::ProcessGroupHCCL(const c10::intrusive_ptr<c10d::Store>& store,
 
 ProcessGroupHCCL::~ProcessGroupHCCL() = default;
 
-// TORCH_NPU_EMU_COLLECTIVE_CHECK: 1 = fingerprint every collective, 0 = never,
-// unset/"auto" = where it is cheap; TORCH_DISTRIBUTED_DEBUG=DETAIL asks for all.
-ProcessGroupHCCL::CheckMode ProcessGroupHCCL::check_mode_from_env() {
-  const char* v = std::getenv("TORCH_NPU_EMU_COLLECTIVE_CHECK");
-  const std::string s = v ? v : "";
-  if (s == "0" || s == "false" || s == "off" || s == "OFF") return CheckMode::OFF;
-  if (s == "1" || s == "true" || s == "on" || s == "ON" || s == "all") return CheckMode::ALL;
-  const char* debug = std::getenv("TORCH_DISTRIBUTED_DEBUG");
-  if (debug && std::string(debug) == "DETAIL") return CheckMode::ALL;
-  return CheckMode::AUTO;
-}
-
-// The check costs one small round trip. "Where it is cheap" (the default):
-// the first collectives of a group, where a mis-launched or mis-resumed job
-// desynchronises, and collectives whose payload dwarfs a round trip. The
-// decision depends only on what every rank of a healthy job agrees on (the
-// sequence number; sizes only for ops whose sizes must match anyway), so
-// ranks never disagree about whether to check.
-bool ProcessGroupHCCL::should_check(const Call& call) const {
-  if (check_mode_ == CheckMode::ALL) return true;
-  if (check_mode_ == CheckMode::OFF) return false;
-  if (seq_.load() < kStartupChecks) return true;
-  if (!call.shapes_must_match) return false;
-  int64_t bytes = 0;
-  for (const auto& t : call.signature) bytes += t.numel() * t.element_size();
-  return bytes >= kCheapCheckBytes;
-}
-
 void ProcessGroupHCCL::setTimeout(std::chrono::milliseconds timeout) {
   options_->timeout = timeout;
   gloo_->setTimeout(timeout);
   if (checker_) checker_->setTimeout(timeout);
 }
 
-// Every fingerprint exchange moves one fixed-size packet per rank: K fields,
-// then kPayloadBytes that carry a small all_reduce's data (see
-// allreduce_small). Fixed, so that two ranks in different calls still send
-// equal sizes and Gloo never sees a mismatch on the checker group.
-namespace {
-constexpr int K = 8;
-constexpr int64_t kPayloadBytes = 1024;
-constexpr int64_t kPacketWords = K + kPayloadBytes / 8;
-}  // namespace
-
 at::Tensor ProcessGroupHCCL::check_fingerprint(const Call& call, const at::Tensor& payload) {
   fingerprints_++;
-  const uint64_t seq = seq_.load();
-  int64_t numel = 0, ndim = 0, hash = 1469598103934665603LL;
-  int64_t dtype = -1;
-  for (const auto& t : call.signature) {
-    numel += t.numel();
-    ndim += t.dim();
-    dtype = static_cast<int64_t>(t.scalar_type());
-    for (auto s : t.sizes()) hash = (hash ^ s) * 1099511628211LL;
-  }
-  if (!call.shapes_must_match) numel = ndim = hash = -1;
-  at::Tensor mine = at::zeros({kPacketWords}, at::kLong);
-  int64_t* m = mine.data_ptr<int64_t>();
-  if (payload.defined()) {
-    at::from_blob(m + K, payload.sizes(), payload.options().device(at::kCPU)).copy_(payload);
-  }
-  const int64_t fields[K] = {static_cast<int64_t>(seq), static_cast<int64_t>(call.type), dtype, numel,
-                             ndim, hash, call.root, call.reduce};
-  std::copy(fields, fields + K, m);
-  at::Tensor all = at::empty({getSize() * kPacketWords}, at::kLong);
-  try {
-    checker_->_allgather_base(all, mine, c10d::AllgatherOptions())->wait();
-  } catch (...) {
-    C10_THROW_ERROR(DistBackendError,
-                    "HCCL (emulated on Gloo): rank " + std::to_string(getRank()) + " of group '" +
-                        getGroupUid() + "' could not agree with its peers on collective #" +
-                        std::to_string(seq) + " (" + op_name(call.type) + "): " +
-                        exception_text(std::current_exception()) +
-                        ". A peer rank has probably exited or is stuck.");
-  }
-  const int64_t* a = all.data_ptr<int64_t>();
-  auto describe = [&](int r) {
-    const int64_t* f = a + r * kPacketWords;
-    std::ostringstream os;
-    os << "rank " << r << ": collective #" << f[0] << " " << op_name(static_cast<c10d::OpType>(f[1]));
-    if (f[2] >= 0) os << " dtype=" << c10::toString(static_cast<c10::ScalarType>(f[2]));
-    if (f[3] >= 0) os << " numel=" << f[3];
-    if (f[6] >= 0) os << " root=" << f[6];
-    if (f[7] >= 0) os << " op=" << reduce_name(f[7]);
-    return os.str();
-  };
-  for (int r = 0; r < getSize(); ++r) {
-    const int64_t* f = a + r * kPacketWords;
-    bool same = true;
-    for (int i : {0, 1, 2, 6, 7}) same = same && f[i] == m[i];
-    if (call.shapes_must_match && f[3] >= 0) same = same && f[3] == m[3] && f[4] == m[4] && f[5] == m[5];
-    if (!same) {
-      std::ostringstream os;
-      os << "HCCL (emulated on Gloo): mismatched collectives in group '" << getGroupUid() << "': "
-         << describe(getRank()) << " (this rank); " << describe(r)
-         << ". Every rank must call the same collectives in the same order with matching tensors "
-            "(set TORCH_NPU_EMU_COLLECTIVE_CHECK=0 to skip this check).";
-      C10_THROW_ERROR(DistBackendError, os.str());
-    }
-  }
-  return all;
+  return exchange_fingerprints(*checker_, getRank(), getSize(), getGroupUid(),
+                               {seq_.load(), call.type, call.signature, call.shapes_must_match, call.root, call.reduce},
+                               payload);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::launch(Call& call,
@@ -391,7 +253,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::launch(Call& call,
   // Point-to-point calls involve two ranks only: they are neither
   // fingerprinted nor counted in the group's collective sequence.
   if (call.collective) {
-    if (check_ && should_check(call)) check_fingerprint(call);
+    if (check_ && should_check(check_mode_, seq_.load(), call.shapes_must_match, call.signature)) {
+      check_fingerprint(call);
+    }
     seq_++;
   }
   const bool timed = timeline::enabled();
@@ -517,7 +381,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::allreduce_small(std::vector<at:
   const int64_t n = cpu.numel();
   std::vector<at::Tensor> parts;
   for (int r = 0; r < getSize(); ++r) {
-    int64_t* base = all.data_ptr<int64_t>() + r * kPacketWords + K;
+    int64_t* base = all.data_ptr<int64_t>() + r * kPacketWords + kFingerprintFields;
     parts.push_back(at::from_blob(base, {n}, cpu.options()));
   }
   at::Tensor stacked = at::stack(parts);  // (world, n)
@@ -555,42 +419,42 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::allreduce_small(std::vector<at:
                                                 devices_of(tensors));
 }
 
+// all_reduce, its coalesced form and reduce share one body: Gloo gets SUM for
+// AVG and PREMUL_SUM, inputs are pre-scaled for PREMUL_SUM, and AVG divides
+// the results (only where they are defined: every rank, or reduce's root).
+template <typename Opts, typename Start>
+c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::reduce_like(c10d::OpType type, std::vector<at::Tensor>& tensors,
+                                                             const Opts& opts, int64_t root, Start start) {
+  Call call{type, tensors, tensors};
+  call.root = root;
+  call.reduce = static_cast<int64_t>(static_cast<c10d::ReduceOp::RedOpType>(opts.reduceOp));
+  auto cpu = call.alias(tensors);
+  Opts o = opts;
+  o.reduceOp = gloo_reduce_op(opts.reduceOp);
+  premultiply(cpu, opts.reduceOp, /*in_place=*/true);
+  if (root < 0 || getRank() == root) call.finalize = average_after(opts.reduceOp, cpu, getSize());
+  return launch(call, [&] { return start(cpu, o); });
+}
+
 c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::allreduce(std::vector<at::Tensor>& tensors,
                                                            const c10d::AllreduceOptions& opts) {
   if (fits_fingerprint(tensors, opts.reduceOp)) return allreduce_small(tensors, opts);
-  Call call{c10d::OpType::ALLREDUCE, tensors, tensors};
-  call.reduce = static_cast<int64_t>(static_cast<c10d::ReduceOp::RedOpType>(opts.reduceOp));
-  auto cpu = call.alias(tensors);
-  c10d::AllreduceOptions o = opts;
-  o.reduceOp = gloo_reduce_op(opts.reduceOp);
-  premultiply(cpu, opts.reduceOp, /*in_place=*/true);
-  call.finalize = average_after(opts.reduceOp, cpu, getSize());
-  return launch(call, [&] { return gloo_->allreduce(cpu, o); });
+  return reduce_like(c10d::OpType::ALLREDUCE, tensors, opts, -1,
+                     [this](std::vector<at::Tensor>& cpu, c10d::AllreduceOptions& o) { return gloo_->allreduce(cpu, o); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                                      const c10d::AllreduceCoalescedOptions& opts) {
-  Call call{c10d::OpType::ALLREDUCE_COALESCED, tensors, tensors};
-  call.reduce = static_cast<int64_t>(static_cast<c10d::ReduceOp::RedOpType>(opts.reduceOp));
-  auto cpu = call.alias(tensors);
-  c10d::AllreduceCoalescedOptions o = opts;
-  o.reduceOp = gloo_reduce_op(opts.reduceOp);
-  premultiply(cpu, opts.reduceOp, /*in_place=*/true);
-  call.finalize = average_after(opts.reduceOp, cpu, getSize());
-  return launch(call, [&] { return gloo_->allreduce_coalesced(cpu, o); });
+  return reduce_like(c10d::OpType::ALLREDUCE_COALESCED, tensors, opts, -1,
+                     [this](std::vector<at::Tensor>& cpu, c10d::AllreduceCoalescedOptions& o) {
+                       return gloo_->allreduce_coalesced(cpu, o);
+                     });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHCCL::reduce(std::vector<at::Tensor>& tensors,
                                                         const c10d::ReduceOptions& opts) {
-  Call call{c10d::OpType::REDUCE, tensors, tensors};
-  call.root = opts.rootRank;
-  call.reduce = static_cast<int64_t>(static_cast<c10d::ReduceOp::RedOpType>(opts.reduceOp));
-  auto cpu = call.alias(tensors);
-  c10d::ReduceOptions o = opts;
-  o.reduceOp = gloo_reduce_op(opts.reduceOp);
-  premultiply(cpu, opts.reduceOp, /*in_place=*/true);
-  if (getRank() == opts.rootRank) call.finalize = average_after(opts.reduceOp, cpu, getSize());
-  return launch(call, [&] { return gloo_->reduce(cpu, o); });
+  return reduce_like(c10d::OpType::REDUCE, tensors, opts, opts.rootRank,
+                     [this](std::vector<at::Tensor>& cpu, c10d::ReduceOptions& o) { return gloo_->reduce(cpu, o); });
 }
 
 namespace {

@@ -2,8 +2,9 @@
 // Gloo engine. Every collective runs on a ProcessGroupGloo over zero-copy
 // CPU aliases of the npu tensors (device memory is host memory), and its
 // works and futures hand the npu tensors back. What Gloo lacks (PREMUL_SUM,
-// AVG) is rewritten; a cheap cross-rank fingerprint check turns mismatched
-// collectives, which would make Gloo abort the process, into errors.
+// AVG) is rewritten; a cheap cross-rank fingerprint check (CollectiveCheck.h)
+// turns mismatched collectives, which would make Gloo abort the process, into
+// errors.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -15,6 +16,8 @@
 #include <map>
 #include <string>
 #include <vector>
+
+#include "distributed/CollectiveCheck.h"
 
 namespace torch_npu::distributed {
 
@@ -116,6 +119,10 @@ class ProcessGroupHCCL : public c10d::Backend {
   at::Tensor check_fingerprint(const Call& call, const at::Tensor& payload = at::Tensor());
   bool fits_fingerprint(const std::vector<at::Tensor>& tensors, const c10d::ReduceOp& op) const;
   c10::intrusive_ptr<c10d::Work> allreduce_small(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts);
+  // The one body of allreduce, allreduce_coalesced and reduce (root -1: every rank gets the result).
+  template <typename Opts, typename Start>
+  c10::intrusive_ptr<c10d::Work> reduce_like(c10d::OpType type, std::vector<at::Tensor>& tensors, const Opts& opts,
+                                             int64_t root, Start start);
 
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<Options> options_;
@@ -123,11 +130,6 @@ class ProcessGroupHCCL : public c10d::Backend {
   c10::intrusive_ptr<c10d::Backend> checker_;  // a second Gloo group for fingerprints
   std::atomic<uint64_t> seq_{0};
   uint64_t split_count_ = 0;  // splits of this group so far (same on every rank)
-  enum class CheckMode { OFF, AUTO, ALL };
-  static CheckMode check_mode_from_env();
-  bool should_check(const Call& call) const;
-  static constexpr uint64_t kStartupChecks = 32;
-  static constexpr int64_t kCheapCheckBytes = 32LL << 20;
   bool check_ = true;  // a checker group exists and fingerprints may be exchanged
   CheckMode check_mode_ = CheckMode::AUTO;
   std::atomic<uint64_t> fingerprints_{0};

@@ -18,6 +18,7 @@
 #include "core/EmuLog.h"
 #include "core/NPUCachingAllocator.h"
 #include "core/NPUException.h"
+#include "core/Settings.h"
 #include "core/NPUGenerator.h"
 #include "core/NPUGuard.h"
 #include "profiler/DeviceTimeline.h"
@@ -328,7 +329,10 @@ PYBIND11_MODULE(_C, m) {
     d["visible_devices"] = c.visible;
     return d;
   });
-  m.def("_emu_config_error", [] { return acl_emu::config_error(); });
+  // torch_npu._settings hands the core its validated settings (the core reads no environment).
+  m.def("_set_core_settings", [](std::map<std::string, std::string> values, bool interactive) {
+    torch_npu::settings::set_all(std::move(values), interactive);
+  });
   m.def("_emu_driver_used_bytes", [](int64_t d) { return acl_emu::driver_used_bytes(checked_device(d)); });
   m.def("_format_error_code", [](int sub, int code) {
     return torch_npu::format_error_code(static_cast<torch_npu::SubModule>(sub), static_cast<torch_npu::ErrCode>(code));

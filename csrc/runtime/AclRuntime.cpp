@@ -7,67 +7,32 @@
 #include <mutex>
 #include <string>
 
+#include "core/Settings.h"
+
 namespace acl_emu {
 namespace {
+namespace settings = torch_npu::settings;
 
-// Invalid TORCH_NPU_EMU_* values are reported at the first device use
-// (torch.npu._lazy_init), not silently replaced.
-std::string g_config_error;
+// The configuration comes from torch_npu._settings (csrc/core/Settings.h):
+// values are validated there and arrive canonical (device count 0..64, size in
+// bytes, visible ids that fit an int). An invalid value never arrives, so the
+// default stands until Python raises its error at the first device use.
 
-void config_error(const std::string& message) {
-  if (g_config_error.empty()) g_config_error = message;
-}
-
-uint64_t parse_bytes(const char* name, const char* s, uint64_t fallback) {
-  if (s == nullptr || *s == '\0') return fallback;
-  char* end = nullptr;
-  double v = std::strtod(s, &end);
-  std::string unit(end == s ? "" : end);
-  for (auto& c : unit) c = static_cast<char>(std::toupper(c));
-  double mul = 0;
-  if (unit.empty() || unit == "B") mul = 1;
-  else if (unit == "K" || unit == "KB" || unit == "KIB") mul = 1024.0;
-  else if (unit == "M" || unit == "MB" || unit == "MIB") mul = 1024.0 * 1024;
-  else if (unit == "G" || unit == "GB" || unit == "GIB") mul = 1024.0 * 1024 * 1024;
-  else if (unit == "T" || unit == "TB" || unit == "TIB") mul = 1024.0 * 1024 * 1024 * 1024;
-  if (end == s || mul == 0 || !(v * mul >= 1)) {
-    config_error(std::string(name) + " must be a size such as 512MiB, 16GiB or a byte count, got '" + s + "'");
-    return fallback;
-  }
-  return static_cast<uint64_t>(v * mul);
-}
-
-int parse_count(const char* name, const char* s, int fallback, int max) {
-  char* end = nullptr;
-  long v = std::strtol(s, &end, 10);
-  if (end == s || *end != '\0' || v < 0 || v > max) {
-    config_error(std::string(name) + " must be an integer from 0 to " + std::to_string(max) + ", got '" + s + "'");
-    return fallback;
-  }
-  return static_cast<int>(v);
-}
-
-// Same rules as torch_npu.npu._parse_visible_devices: only digits and commas
-// are read, an empty element stops parsing, ids must ascend, ids past the
-// physical count truncate the list.
-std::vector<int> parse_visible(int physical) {
+// Same rules as torch_npu._settings' ASCEND_RT_VISIBLE_DEVICES grammar (which
+// already stopped at the first non-id character or empty element): ids must
+// ascend, ids past the physical count truncate the list.
+std::vector<int> visible_devices(int physical) {
   std::vector<int> out;
-  const char* var = std::getenv("ASCEND_RT_VISIBLE_DEVICES");
-  if (var == nullptr) {
+  auto var = settings::get("ASCEND_RT_VISIBLE_DEVICES");
+  if (!var) {
     for (int i = 0; i < physical; ++i) out.push_back(i);
     return out;
   }
-  std::string s(var);
-  size_t n = 0;
-  while (n < s.size() && (std::isdigit(static_cast<unsigned char>(s[n])) || s[n] == ',')) ++n;
-  s = s.substr(0, n);
-  if (s.empty()) return out;
+  const std::string& s = *var;
   size_t pos = 0;
-  while (true) {
+  while (pos < s.size()) {
     size_t comma = s.find(',', pos);
-    std::string elem = s.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
-    if (elem.empty()) break;
-    int x = std::atoi(elem.c_str());
+    int x = std::stoi(s.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos));
     if (!out.empty() && x <= out.back()) return {};
     if (x >= physical) break;
     out.push_back(x);
@@ -91,14 +56,10 @@ struct State {
 State& state() {
   static State* s = [] {
     DeviceConfig c;
-    if (const char* n = std::getenv("TORCH_NPU_EMU_DEVICE_COUNT")) {
-      c.physical_count = parse_count("TORCH_NPU_EMU_DEVICE_COUNT", n, c.physical_count, 64);
-    }
-    if (const char* n = std::getenv("TORCH_NPU_EMU_DEVICE_NAME")) {
-      if (*n) c.name = n;
-    }
-    c.capacity = parse_bytes("TORCH_NPU_EMU_MEMORY", std::getenv("TORCH_NPU_EMU_MEMORY"), c.capacity);
-    c.visible = parse_visible(c.physical_count);
+    if (auto n = settings::get("TORCH_NPU_EMU_DEVICE_COUNT")) c.physical_count = std::stoi(*n);
+    if (auto n = settings::get("TORCH_NPU_EMU_DEVICE_NAME")) c.name = *n;
+    if (auto n = settings::get("TORCH_NPU_EMU_MEMORY")) c.capacity = std::stoull(*n);
+    c.visible = visible_devices(c.physical_count);
     return new State(std::move(c));  // leaked: must outlive static tensors
   }();
   return *s;
@@ -109,11 +70,6 @@ thread_local int32_t tls_device = -1;
 }  // namespace
 
 const DeviceConfig& config() { return state().cfg; }
-
-const std::string& config_error() {
-  state();
-  return g_config_error;
-}
 
 int aclrtGetDeviceCount(uint32_t* count) {
   *count = static_cast<uint32_t>(state().cfg.visible.size());

@@ -25,10 +25,8 @@ struct DeviceConfig {
   std::vector<int> visible;         // logical id -> physical id
 };
 
-// Read once from the environment (thread-safe, idempotent).
+// Built once, at the first use, from torch_npu's settings (core/Settings.h).
 const DeviceConfig& config();
-// Why the environment was invalid ("" when it was fine); the defaults are used meanwhile.
-const std::string& config_error();
 
 // Number of devices visible to this process (after ASCEND_RT_VISIBLE_DEVICES).
 int aclrtGetDeviceCount(uint32_t* count);

@@ -15,6 +15,8 @@ import platform
 
 import click
 
+from torch_npu import _settings
+
 SETTINGS = ("ASCEND_RT_VISIBLE_DEVICES", "TORCH_NPU_EMU_DEVICE_COUNT", "TORCH_NPU_EMU_DEVICE_NAME",
             "TORCH_NPU_EMU_MEMORY", "TORCH_NPU_EMU_AUTOGRAD_THREADS", "PYTORCH_NPU_ALLOC_CONF",
             "PYTORCH_NO_NPU_MEMORY_CACHING", "TORCH_NPU_FALLBACK_CPU_DISABLE", "TORCH_TRANSFER_TO_NPU",
@@ -51,10 +53,10 @@ def _clients(npu_ok):
             entry.update(detects=predicted, how="predicted: switches to npu when import torch_npu succeeds")
         out.append(entry)
     ds = {"library": "deepspeed", "version": _version("deepspeed")}
-    forced = os.environ.get("DS_ACCELERATOR")
+    forced = _settings.raw("DS_ACCELERATOR")
     ds["detects"] = forced if forced else predicted
     ds["how"] = "DS_ACCELERATOR" if forced else "predicted: its accelerator probe picks npu once torch_npu imports"
-    home = os.environ.get("ASCEND_HOME_PATH")
+    home = _settings.raw("ASCEND_HOME_PATH")
     if ds["version"] and ds["detects"] == "npu" and not (home and os.path.isdir(home)):
         ds["warning"] = ("ASCEND_HOME_PATH is not an existing directory: DeepSpeed's NPU op builders and ds_report "
                          "read it unguarded (KeyError); set it, or DS_ACCELERATOR=cpu")
@@ -128,7 +130,7 @@ def collect():
         "torch_npu_path": os.path.dirname(torch_npu.__file__),
         "cann (emulated)": torch_npu.emulator.cann_version(),
         "emulator": torch_npu.emulator.config(),
-        "settings": {k: os.environ.get(k) for k in SETTINGS},
+        "settings": {k: _settings.raw(k) for k in SETTINGS},
         "devices": devices,
         "clients": clients,
         "checks": checks,

@@ -17,13 +17,13 @@ at run time, as the real tool does:
 Importing twice patches once (Python caches the module).
 """
 import importlib
-import os
 import sys
 import warnings
 
 import torch
 
 import torch_npu
+from torch_npu import _settings
 from torch_npu.contrib._transfer import libraries, proxies, rewrite, targets
 
 __all__ = []
@@ -271,8 +271,8 @@ def _banner():
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         if dist.get_rank() == 0:
             warnings.warn(text, ImportWarning)
-    elif os.environ.get("RANK") is not None:
-        if os.environ["RANK"] == "0":
+    elif _settings.get("RANK") is not None:
+        if _settings.get("RANK") == 0:
             warnings.warn(text, ImportWarning)
     else:
         warnings.warn(text, ImportWarning)

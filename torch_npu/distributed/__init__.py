@@ -1,6 +1,7 @@
 """torch_npu.distributed: the ``hccl`` backend (ProcessGroupHCCL on Gloo) and torch_npu's
-distributed extras. Importing torch_npu registers the backend and patches
-torch.distributed as the real torch_npu does."""
+distributed extras. ``import torch_npu`` registers the backend and patches
+torch.distributed as the real torch_npu does (its start-up sequence calls
+``_install``); importing this module alone changes nothing."""
 import torch.distributed as _dist
 
 from . import _backend
@@ -16,7 +17,9 @@ def is_available():
     return _dist.is_available()
 
 
-if _dist.is_available():
-    _backend.register()
-    _apply_patches()
-    from . import _shutdown  # noqa: F401,E402  (stops hccl groups' Gloo threads at exit)
+def _install():
+    """Register the ``hccl`` backend and patch torch.distributed (idempotent)."""
+    if _dist.is_available():
+        _backend.register()
+        _apply_patches()
+        from . import _shutdown  # noqa: F401  (stops hccl groups' Gloo threads at exit)

@@ -17,6 +17,7 @@ from datetime import timedelta
 import torch.distributed as dist
 from torch._C._distributed_c10d import ProcessGroupGloo
 
+from torch_npu import _settings
 from torch_npu._C._distributed_c10d import ProcessGroupHCCL, _set_gloo_factory
 
 __all__ = []
@@ -27,22 +28,21 @@ _init_generation = {}
 
 
 def _env_seconds(name):
-    raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
-        return None
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"{name} must be an integer number of seconds, got {raw!r}") from None
-    if value <= 0:
-        raise ValueError(f"{name} must be a positive number of seconds, got {raw!r}")
-    return value
+    """A HCCL_*_TIMEOUT in seconds, None when unset (parsed by torch_npu._settings)."""
+    return _settings.get(name) if _settings.is_set(name) else None
+
+
+def _check_settings():
+    """The distributed settings are checked before any rank connects, and the
+    C++ core gets their current values (TORCH_NPU_EMU_COLLECTIVE_CHECK...)."""
+    _settings.validate("process group")
+    _settings.push_to_core()
 
 
 def _apply_socket_ifname():
     """HCCL_SOCKET_IFNAME names the NIC HCCL binds; Gloo reads GLOO_SOCKET_IFNAME."""
-    ifname = os.environ.get("HCCL_SOCKET_IFNAME")
-    if not ifname or os.environ.get("GLOO_SOCKET_IFNAME"):
+    ifname = _settings.get("HCCL_SOCKET_IFNAME")
+    if not ifname or _settings.get("GLOO_SOCKET_IFNAME"):
         return
     if ifname.startswith("^"):
         warnings.warn(f"HCCL_SOCKET_IFNAME={ifname!r}: exclusion lists are not supported by the emulated "
@@ -158,14 +158,20 @@ def _create_hccl(dist_backend_opts, pg_options):
     rank = dist_backend_opts.group_rank
     size = dist_backend_opts.group_size
     group_id = dist_backend_opts.group_id
-    # A bad value is reported to every rank by the peer check, not raised here: a rank that
-    # left now would leave its peers waiting, or without their store.
+    # A bad value is parsed here, before any collective, but reported to every rank by the
+    # peer check rather than raised at once: a rank that left now would leave its peers
+    # waiting, or without their store.
     settings_error, connect, exec_timeout = None, _DEFAULT_CONNECT_TIMEOUT, None
     try:
+        _check_settings()
         connect = _env_seconds("HCCL_CONNECT_TIMEOUT") or _DEFAULT_CONNECT_TIMEOUT
         exec_timeout = _env_seconds("HCCL_EXEC_TIMEOUT")
     except ValueError as e:
         settings_error = str(e)
+        try:
+            connect = _env_seconds("HCCL_CONNECT_TIMEOUT") or _DEFAULT_CONNECT_TIMEOUT
+        except ValueError:
+            pass
     _check_peers(store, rank, size, group_id, connect, settings_error)
     if isinstance(pg_options, ProcessGroupHCCL.Options):
         options = pg_options

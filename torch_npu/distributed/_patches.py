@@ -107,11 +107,29 @@ def _patch_monitored_barrier():
     dist.monitored_barrier = monitored_barrier
 
 
+_FSDP_SCALER = "torch.distributed.fsdp.sharded_grad_scaler"
+_NPU_SCALER = "torch_npu.npu.amp.sharded_grad_scaler"
+_scaler_patch_wanted = False
+
+
 def _patch_sharded_grad_scaler():
-    """FSDP's ShardedGradScaler becomes torch_npu's, whose default device is npu (as the real one)."""
-    from torch.distributed.fsdp import sharded_grad_scaler
+    """FSDP's ShardedGradScaler becomes torch_npu's, whose default device is npu (as the real one),
+    once FSDP is imported: importing it here would cost every ``import torch`` seconds."""
+    global _scaler_patch_wanted
+    _scaler_patch_wanted = True
+    from torch_npu.utils._lazy import after_import
+    after_import(_FSDP_SCALER, lambda module: _use_npu_sharded_grad_scaler())
+
+
+def _use_npu_sharded_grad_scaler():
+    """Apply the patch if it was asked for and both modules are ready. When torch_npu's
+    module is the one importing FSDP, it is not ready yet: it calls this at its end."""
+    import sys
+    ours = sys.modules.get(_NPU_SCALER)
+    if not _scaler_patch_wanted or (ours is not None and not hasattr(ours, "_ShardedGradScaler")):
+        return
     from torch_npu.npu.amp.sharded_grad_scaler import _ShardedGradScaler
-    sharded_grad_scaler.ShardedGradScaler = _ShardedGradScaler
+    sys.modules[_FSDP_SCALER].ShardedGradScaler = _ShardedGradScaler
 
 
 def apply():

@@ -1,24 +1,25 @@
 """Facts that exist only because the NPU is emulated.
 
-Configured by environment variables read once, at the first device use:
+Configured by environment variables (torch_npu._settings; docs/settings.md
+lists every variable the package reads):
 
-- ``TORCH_NPU_EMU_DEVICE_COUNT`` — number of emulated NPUs (default 8).
-- ``TORCH_NPU_EMU_DEVICE_NAME`` — device name (default ``Ascend910B4``).
-- ``TORCH_NPU_EMU_MEMORY`` — capacity per device, e.g. ``64GiB``, ``512MiB``
-  or a number of bytes (default 64 GiB). Host memory is used only as tensors
-  are allocated.
-
-- ``TORCH_NPU_EMU_AUTOGRAD_THREADS`` — ``1`` keeps PyTorch's per-device
-  autograd threads for npu backward (default: the calling thread runs it).
-
-``ASCEND_RT_VISIBLE_DEVICES`` then selects among the emulated devices as on
-hardware.
+{settings}
 """
 import torch_npu
+from torch_npu import _settings
 from torch_npu import version as _version
 
-__all__ = ["config", "device_count", "device_name", "memory_per_device", "cann_version", "driver_used_bytes",
+if __doc__:  # None under python -OO
+    __doc__ = __doc__.format(settings=_settings.listing(_settings.EMULATOR_SETTINGS))
+
+__all__ = ["settings", "config", "device_count", "device_name", "memory_per_device", "cann_version",
+           "driver_used_bytes",
            "fallback_report", "reset_fallback_report", "kernel_registration"]
+
+
+def settings() -> dict:
+    """The emulator's own settings (names in this module's docstring): name -> parsed value."""
+    return {name: _settings.get(name) for name in _settings.EMULATOR_SETTINGS}
 
 
 def config() -> dict:

@@ -11,6 +11,7 @@ from typing import List, Optional, Tuple, Union
 import torch
 
 import torch_npu
+from torch_npu import _settings
 from torch_npu.utils._error_code import ErrCode, pta_error
 
 __all__ = [
@@ -77,9 +78,10 @@ def _lazy_init():
             raise RuntimeError(
                 "Cannot re-initialize NPU in forked subprocess. To use NPU with "
                 "multiprocessing, you must use the 'spawn' start method")
-        config_error = torch_npu._C._emu_config_error()
-        if config_error:
-            raise RuntimeError(config_error + pta_error(ErrCode.VALUE))
+        try:  # the emulated machine's settings (torch_npu._settings) are checked at first device use
+            _settings.validate("device")
+        except _settings.SettingError as e:
+            raise RuntimeError(str(e) + pta_error(ErrCode.VALUE)) from None
         if device_count() == 0:
             raise RuntimeError("No NPUs are available" + pta_error(ErrCode.UNAVAIL))
         torch_npu._C._npu_init()
@@ -116,21 +118,10 @@ os.register_at_fork(after_in_child=lambda: _after_fork(None))
 
 def _parse_visible_devices() -> List[int]:
     r"""Parse ASCEND_RT_VISIBLE_DEVICES: digits and commas only, read up to the
-    first other character; an empty element ends the list."""
-    var = os.getenv("ASCEND_RT_VISIBLE_DEVICES")
-    if var is None:
-        return list(range(64))
-    rc: List[int] = []
-    if not var:
-        return rc
-    end = 0
-    while end < len(var) and (var[end].isdigit() or var[end] == ","):
-        end += 1
-    for elem in var[:end].split(","):
-        if not elem:
-            return rc
-        rc.append(int(elem))
-    return rc
+    first other character; an empty element ends the list (torch_npu._settings
+    owns the grammar)."""
+    ids = _settings.get("ASCEND_RT_VISIBLE_DEVICES")
+    return list(range(64)) if ids is None else list(ids)
 
 
 _cached_device_count: Optional[int] = None
@@ -150,8 +141,6 @@ def device_count() -> int:
 
 def is_available() -> bool:
     r"""Return a bool indicating if an NPU is currently available."""
-    if not hasattr(torch_npu._C, "_npu_setDevice"):
-        return False
     return device_count() > 0
 
 

@@ -11,11 +11,11 @@ Real semantics mirrored here:
   register.  The emulator has no saturation hardware: its register is a process-wide flag
   that no kernel ever sets, so ``get_npu_overflow_flag()`` returns False there.
 """
-import os
 import warnings
 
 
 import torch_npu
+from torch_npu import _settings
 
 __all__ = []
 
@@ -29,13 +29,9 @@ def _soc_supports_inf_nan(name):
     return name.startswith("Ascend910B") or name.startswith("Ascend910_93")
 
 
-def _env_on(var):
-    return os.getenv(var, "0").strip() in ("1", "true", "True")
-
-
 def is_support_inf_nan():
     torch_npu.npu._lazy_init()
-    if _env_on("INF_NAN_MODE_FORCE_DISABLE"):
+    if _settings.get("INF_NAN_MODE_FORCE_DISABLE"):
         return False
     if _soc_supports_inf_nan(torch_npu.npu.get_device_name()):
         return True

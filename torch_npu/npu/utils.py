@@ -1,5 +1,4 @@
 """Device selection, properties and stream contexts of torch.npu."""
-import os
 import warnings
 from typing import Any, Optional, Union
 
@@ -123,14 +122,10 @@ def get_device_name(device_name=None):
 
 def get_device_capability(device=None):
     r"""torch_npu returns None (with a warning) unless TORCH_NPU_DEVICE_CAPABILITY="M.m"."""
-    import os
-    cap = os.getenv("TORCH_NPU_DEVICE_CAPABILITY")
-    if cap:
-        try:
-            major, minor = cap.split(".")
-            return int(major), int(minor)
-        except ValueError:
-            pass
+    from torch_npu import _settings
+    cap = _settings.get("TORCH_NPU_DEVICE_CAPABILITY")
+    if cap is not None:
+        return cap
     warnings.warn("torch.npu.get_device_capability isn't implemented!")
     return None
 
@@ -267,8 +262,8 @@ def _is_gte_cann_version(version, module="CANN"):
 
 
 def _initial_task_queue_level():
-    value = os.getenv("TASK_QUEUE_ENABLE", "1")
-    return int(value) if value in ("0", "1", "2") else 1
+    from torch_npu import _settings
+    return _settings.get("TASK_QUEUE_ENABLE")
 
 
 _task_queue_level = None
@@ -339,7 +334,8 @@ def obfuscation_calculate(fd, x, param, *, obf_coefficient=1.0):
 def is_force_overflow_check():
     r"""True when ``INF_NAN_MODE_FORCE_DISABLE=1`` forces saturation mode, where
     overflow is detected through the device float-status flag."""
-    return os.getenv("INF_NAN_MODE_FORCE_DISABLE") == "1"
+    from torch_npu import _settings
+    return _settings.get("INF_NAN_MODE_FORCE_DISABLE")
 
 
 # Clock of the emulated AI core for torch.npu._sleep (1.8 GHz, cycles per ms).

@@ -27,7 +27,8 @@ def valid_dir_name(dir_name):
 def base_dir(dir_name) -> str:
     if dir_name:
         return os.path.abspath(dir_name)
-    work = os.environ.get("ASCEND_WORK_PATH")
+    from torch_npu import _settings
+    work = _settings.get("ASCEND_WORK_PATH")
     if work:
         return os.path.join(os.path.abspath(work), "profiling_data")
     return os.getcwd()

@@ -10,6 +10,7 @@
 which has no device here.
 """
 import os
+from torch_npu import _settings
 
 _applied = False
 
@@ -19,7 +20,8 @@ def apply():
     if _applied:
         return
     _applied = True
-    if "PYTORCH_TESTING_DEVICE_ONLY_FOR" not in os.environ and "PYTORCH_TESTING_DEVICE_EXCEPT_FOR" not in os.environ:
+    if not (_settings.is_set("PYTORCH_TESTING_DEVICE_ONLY_FOR")
+            or _settings.is_set("PYTORCH_TESTING_DEVICE_EXCEPT_FOR")):
         os.environ["PYTORCH_TESTING_DEVICE_EXCEPT_FOR"] = "cuda,cpu"
     from torch.testing._internal import common_device_type, common_utils
     common_device_type.onlyCUDA = common_device_type.onlyPRIVATEUSE1

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 import torch_npu
+from torch_npu import _settings
 
 __all__ = ["create_common_tensor", "create_dtype_tensor", "SupportedDevices", "SkipIfNotGteCANNVersion",
            "SkipIfNoLapack", "SkipIfNotRegistered", "freeze_rng_state", "check_operators_in_prof",
@@ -22,7 +23,7 @@ __all__ = ["create_common_tensor", "create_dtype_tensor", "SupportedDevices", "S
 
 def get_npu_device():
     r"""The test device: ``npu:<SET_NPU_DEVICE>`` (default ``npu:0``)."""
-    index = os.getenv("SET_NPU_DEVICE")
+    index = _settings.get("SET_NPU_DEVICE")
     return f"npu:{index}" if index is not None else "npu:0"
 
 
@@ -217,4 +218,4 @@ class Baseline:
 
 
 def dump_baseline():
-    return os.getenv("DUMP_BASELINE") == "1"
+    return _settings.get("DUMP_BASELINE")

@@ -21,12 +21,13 @@ import numpy as np
 import torch
 
 import expecttest
+from torch_npu import _settings
 
 from torch_npu.testing.common_utils import is_iterable, set_npu_device
 
 __all__ = ["TestCase", "run_tests"]
 
-SEED = int(os.getenv("SEED", "666"))
+SEED = _settings.get("SEED")
 
 
 def _to_numpy(x):
@@ -302,13 +303,13 @@ def run_tests():
     r"""Run the calling module's tests; with ``IN_CI=1`` and xmlrunner installed,
     write JUnit XML under ``TEST_REPORT_PATH`` (default ``test-reports``)."""
     argv = sys.argv
-    if os.getenv("IN_CI") == "1":
+    if _settings.get("IN_CI"):
         try:
             import xmlrunner
         except ImportError:
             xmlrunner = None
         if xmlrunner is not None:
-            out = os.getenv("TEST_REPORT_PATH", "test-reports")
+            out = _settings.get("TEST_REPORT_PATH")
             unittest.main(module="__main__", argv=argv, testRunner=xmlrunner.XMLTestRunner(output=out))
             return
     unittest.main(module="__main__", argv=argv)

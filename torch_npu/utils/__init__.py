@@ -1,19 +1,22 @@
-"""torch_npu.utils: helpers shared by the package (grown by later layers)."""
+"""torch_npu.utils: helpers shared by the package.
+
+Importing it changes nothing outside torch_npu: the patches of PyTorch that
+live here are applied by :func:`_install_patches`, which ``torch_npu``'s
+start-up sequence calls.
+"""
 from torch_npu.utils.serialization import save_async
-from torch_npu.utils import serialization as _serialization
-
-# As in the real torch_npu, torch.load becomes torch_npu.utils.serialization.load.
-_serialization._install()
-
 from torch_npu.utils.combine_tensors import npu_combine_tensors, get_part_combined_tensor, is_combined_tensor_valid
 from torch_npu.utils.flops_count import FlopsCounter
 from torch_npu.utils.affinity import set_thread_affinity, reset_thread_affinity
-from torch_npu.utils import _cann, _cann_env, _logging  # noqa: F401
-from torch_npu.utils import syncbatchnorm as _syncbatchnorm
+from torch_npu.utils import _cann, _cann_env  # noqa: F401
 
-_syncbatchnorm._install()  # torch.nn.SyncBatchNorm on npu tensors
 
-_logging.configure()
+def _install_patches():
+    """torch.load becomes torch_npu.utils.serialization.load (as in the real
+    torch_npu) and torch.nn.SyncBatchNorm runs on npu tensors. Idempotent."""
+    from torch_npu.utils import serialization, syncbatchnorm
+    serialization._install()
+    syncbatchnorm._install()
 
 
 def get_cann_version(module="CANN"):

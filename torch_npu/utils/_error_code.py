@@ -1,7 +1,4 @@
 """torch_npu's error suffix: ``\\n[ERROR] <time> (PID:…, Device:…, RankID:…) ERR<sub><code> <SUB> <text>``."""
-import os
-import sys
-import time
 from enum import Enum
 
 __all__ = []
@@ -44,24 +41,11 @@ class ErrCode(Enum):
         return self.value[1]
 
 
-def _is_interactive():
-    return bool(getattr(sys, "ps1", None)) or bool(sys.flags.interactive)
-
-
 def _format_error_msg(submodule, error_code):
-    if os.getenv("TORCH_NPU_COMPACT_ERROR_OUTPUT") == "1" or _is_interactive():
-        return ""
-    device = -1
-    try:
-        import torch_npu.npu as _npu
-        if _npu.is_initialized():
-            device = _npu.current_device()
-    except Exception:  # error formatting must never raise
-        device = -1
-    rank = int(os.getenv("RANK", "-1")) if os.getenv("RANK", "-1").lstrip("-").isdigit() else -1
-    stamp = time.strftime("%Y-%m-%d-%H:%M:%S", time.localtime())
-    return "\n[ERROR] {} (PID:{}, Device:{}, RankID:{}) ERR{:02d}{:03d} {} {}".format(
-        stamp, os.getpid(), device, rank, submodule.value, error_code.code, submodule.name, error_code.msg)
+    """The suffix, formatted by the C++ core's one formatter (``NPUException.cpp``):
+    same rules for Python and C++ errors (compact output, device, rank)."""
+    from torch_npu import _C
+    return _C._format_error_code(submodule.value, error_code.code)
 
 
 def pta_error(error_code: ErrCode) -> str:

@@ -29,9 +29,11 @@ import sys
 import time
 import warnings
 
+from torch_npu import _settings
+
 __all__ = []
 
-COMPONENTS = ("device", "memory", "dispatch", "distributed", "env")
+COMPONENTS = _settings.LOG_COMPONENTS
 _ROOT = "torch_npu"
 # ASCEND_GLOBAL_LOG_LEVEL value -> Python level (4: nothing).
 _ASCEND_LEVELS = {0: logging.DEBUG, 1: logging.INFO, 2: logging.WARNING, 3: logging.ERROR, 4: logging.CRITICAL + 10}
@@ -40,30 +42,8 @@ _PLOG_NAMES = {logging.DEBUG: "DEBUG", logging.INFO: "INFO", logging.WARNING: "W
 _NEVER = logging.CRITICAL + 10
 
 
-def _parse_torch_npu_logs(spec: str) -> dict:
-    """TORCH_NPU_LOGS -> {component: level}; unknown names are an error, as in TORCH_LOGS."""
-    levels = {}
-    for item in filter(None, (s.strip() for s in spec.split(","))):
-        level = logging.INFO
-        if item[0] == "+":
-            level, item = logging.DEBUG, item[1:]
-        elif item[0] == "-":
-            level, item = logging.ERROR, item[1:]
-        names = COMPONENTS if item == "all" else (item,)
-        for name in names:
-            if name not in COMPONENTS:
-                raise ValueError(f"Invalid log settings: {spec}, unknown component {name!r}; "
-                                 f"valid components: {', '.join(COMPONENTS)}, all")
-            levels[name] = level
-    return levels
-
-
 def _ascend_level() -> int:
-    raw = os.getenv("ASCEND_GLOBAL_LOG_LEVEL", "3")
-    try:
-        return _ASCEND_LEVELS[int(raw)]
-    except (ValueError, KeyError):
-        return _ASCEND_LEVELS[3]
+    return _ASCEND_LEVELS[_settings.get("ASCEND_GLOBAL_LOG_LEVEL")]
 
 
 class _ComponentLevelFilter(logging.Filter):
@@ -122,11 +102,11 @@ class _PlogFileHandler(logging.Handler):
 
 
 def _plog_handler():
-    if os.getenv("ASCEND_SLOG_PRINT_TO_STDOUT") == "1":
+    if _settings.get("ASCEND_SLOG_PRINT_TO_STDOUT"):
         # Resolved at emit time, so redirected stdout (pytest capsys) is honoured.
         handler = logging.StreamHandler(_StdoutProxy())
     else:
-        base = os.getenv("ASCEND_PROCESS_LOG_PATH") or os.path.join(os.path.expanduser("~"), "ascend", "log", "debug")
+        base = _settings.get("ASCEND_PROCESS_LOG_PATH") or os.path.join(os.path.expanduser("~"), "ascend", "log", "debug")
         handler = _PlogFileHandler(os.path.join(base, "plog"))
     handler.setFormatter(_PlogFormatter())
     return handler
@@ -158,9 +138,9 @@ def configure() -> None:
         root.removeHandler(handler)
         handler.close()
     root.propagate = False
-    levels = _parse_torch_npu_logs(os.getenv("TORCH_NPU_LOGS", ""))
+    levels = _settings.get("TORCH_NPU_LOGS")
     ascend_level = _ascend_level()
-    filters = [f.strip() for f in os.getenv("TORCH_NPU_LOGS_FILTER", "").split(",") if f.strip()]
+    filters = [f.strip() for f in _settings.get("TORCH_NPU_LOGS_FILTER").split(",") if f.strip()]
     keep = [f for f in filters if not f.startswith("-")]
     drop = [f[1:] for f in filters if f.startswith("-")]
 
@@ -185,17 +165,14 @@ def _core_sink(component, level, message):
 def _configure_core(levels, ascend_level):
     """The C++ core (allocator growth/release/OOM, CPU fallbacks) logs through the same
     loggers; it is told each component's threshold so that disabled records cost nothing."""
-    import torch_npu
-    core = getattr(torch_npu, "_C", None)
-    if core is None or not hasattr(core, "_emu_set_log_levels"):
-        return
+    from torch_npu import _C as core
     thresholds = {c: min(levels.get(c, _NEVER), ascend_level) for c in COMPONENTS}
     core._emu_set_log_levels({c: v for c, v in thresholds.items() if v < _NEVER})
     core._emu_set_log_sink(_core_sink if any(v < _NEVER for v in thresholds.values()) else None)
 
 
 def _configure_warnings():
-    disabled = "1" in (os.getenv("TORCH_NPU_WARNING_DISABLE"), os.getenv("TORCH_NPU_DISABLED_WARNING"))
+    disabled = _settings.get("TORCH_NPU_WARNING_DISABLE") or _settings.get("TORCH_NPU_DISABLED_WARNING")
     if disabled and not _state["warning_filter"]:
         warnings.filterwarnings("ignore", module=r"torch_npu(\..*)?$")
         _state["warning_filter"] = True

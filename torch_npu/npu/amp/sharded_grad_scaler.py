@@ -17,3 +17,10 @@ class _ShardedGradScaler(ShardedGradScaler):
         super().__init__(device, init_scale=init_scale, backoff_factor=backoff_factor,
                          growth_factor=growth_factor, growth_interval=growth_interval, enabled=enabled,
                          process_group=process_group)
+
+
+# This module imported FSDP above, before _ShardedGradScaler existed, so the
+# patch torch_npu's start-up asked for (distributed/_patches.py) waits for it.
+from torch_npu.distributed import _patches  # noqa: E402
+
+_patches._use_npu_sharded_grad_scaler()
