@@ -12,6 +12,9 @@ from torch_npu.utils import _cann, _logging
 from torch_npu.utils import syncbatchnorm as _syncbatchnorm
 
 _syncbatchnorm._install()  # torch.nn.SyncBatchNorm on npu tensors
+from torch_npu.utils import _data_parallel
+
+_data_parallel._install()  # torch.nn.DataParallel: one npu device works, several raise naming DDP/torch_npu_run
 
 _logging.configure()
 
