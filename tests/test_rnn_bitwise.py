@@ -334,6 +334,18 @@ def test_compiled_lstm_model_matches_eager():
     _assert_same([p.grad.cpu() for p in eager.parameters()], [p.grad for p in compiled_model.parameters()])
 
 
+@pytest.mark.parametrize("kind", ["lstm", "gru", "rnn_tanh"])
+def test_autocast_runs_the_rnn_in_the_lower_precision_dtype(kind):
+    """As on CUDA: under autocast the RNN's arguments are cast (bf16 here) and the
+    result equals the CPU module run in that dtype."""
+    cpu, npu = _pair(kind, num_layers=2, bidirectional=True)
+    x = torch.randn(T, B, I)
+    with torch.autocast("npu", dtype=torch.bfloat16):
+        got = _flat(npu(x.npu()))
+    ref = _flat(copy.deepcopy(cpu).to(torch.bfloat16)(x.to(torch.bfloat16)))
+    _assert_same(ref, got)
+
+
 def test_mixed_devices_raise():
     _, npu = _pair("gru")
     with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):

@@ -14,6 +14,7 @@
 // call with dropout in training is run layer by layer (each layer is the
 // same CPU computation as inside the multi-layer call) with npu dropout
 // between the layers, exactly where ATen applies it.
+#include <ATen/autocast_mode.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 #include <ATen/ops/cat.h>
@@ -307,6 +308,25 @@ void rnn_autograd_npu(const c10::OperatorHandle& op, c10::DispatchKeySet, torch:
   rnn_kernel(op, stack, /*autograd=*/true);
 }
 
+// torch.autocast("npu"): the multi-layer RNNs run in the lower-precision
+// dtype, as CUDA's do (its autocast casts _cudnn_rnn's arguments, and the
+// cells are on the lower-precision list, which covers the *_cell ops here).
+void rnn_autocast_npu(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  constexpr auto npu = c10::DeviceType::PrivateUse1;
+  const at::ScalarType dtype = at::autocast::get_lower_precision_fp_from_device_type(npu);
+  const size_t nargs = op.schema().arguments().size();
+  for (size_t i = stack->size() - nargs; i < stack->size(); ++i) {
+    c10::IValue& iv = (*stack)[i];
+    if (iv.isTensor()) {
+      iv = at::autocast::cached_cast(dtype, iv.toTensor(), npu);
+    } else if (iv.isTensorList()) {
+      iv = at::autocast::cached_cast(dtype, at::TensorList(iv.toTensorVector()), npu);
+    }
+  }
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastPrivateUse1);
+  op.callBoxed(stack);
+}
+
 constexpr const char* kRnnOps[] = {"lstm.input",     "lstm.data",     "gru.input",  "gru.data",
                                    "rnn_tanh.input", "rnn_tanh.data", "rnn_relu.input", "rnn_relu.data",
                                    "lstm_cell",      "gru_cell",      "rnn_tanh_cell", "rnn_relu_cell"};
@@ -323,5 +343,12 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
 TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {
   for (const char* name : torch_npu::kernels::kRnnOps) {
     m.impl(name, torch::CppFunction::makeFromBoxedFunction<&torch_npu::kernels::rnn_autograd_npu>());
+  }
+}
+
+TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m) {
+  for (const char* name : {"lstm.input", "lstm.data", "gru.input", "gru.data", "rnn_tanh.input", "rnn_tanh.data",
+                           "rnn_relu.input", "rnn_relu.data"}) {
+    m.impl(name, torch::CppFunction::makeFromBoxedFunction<&torch_npu::kernels::rnn_autocast_npu>());
   }
 }
