@@ -334,6 +334,26 @@ def test_compiled_lstm_model_matches_eager():
     _assert_same([p.grad.cpu() for p in eager.parameters()], [p.grad for p in compiled_model.parameters()])
 
 
+def test_compile_with_allow_rnn_traces_through_the_decomposition():
+    """With dynamo's allow_rnn the RNN is traced (torch's decomposition, as on
+    any device) and differentiable; close to eager, not bitwise (other op order)."""
+    import torch._dynamo
+
+    torch.manual_seed(0)
+    eager = nn.GRU(I, H, num_layers=2, bidirectional=True).npu()
+    model = copy.deepcopy(eager)
+    x = torch.randn(T, B, I).npu()
+    with torch._dynamo.config.patch(allow_rnn=True):
+        torch._dynamo.reset()
+        got, _ = torch.compile(model, backend="npu")(x)
+    ref, _ = eager(x)
+    assert got.device.type == "npu" and torch.allclose(got, ref, atol=1e-5)
+    got.sum().backward()
+    ref.sum().backward()
+    for p, q in zip(model.parameters(), eager.parameters()):
+        assert torch.allclose(p.grad, q.grad, atol=1e-4)
+
+
 @pytest.mark.parametrize("kind", ["lstm", "gru", "rnn_tanh"])
 def test_autocast_runs_the_rnn_in_the_lower_precision_dtype(kind):
     """As on CUDA: under autocast the RNN's arguments are cast (bf16 here) and the

@@ -291,20 +291,27 @@ bool needs_composite(const c10::OperatorHandle& op, const torch::jit::Stack& sta
 }
 
 void rnn_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool autograd) {
-  if (needs_composite(op, *stack)) {
-    // Fake or functional tensors (torch.compile tracing): ATen's composite.
-    op.callBoxedForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd, *stack);
-    return;
-  }
   if (run_layer_by_layer(op, stack)) return;
   run_cpu_implementation(op, stack, autograd);
 }
 
 void rnn_npu(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  if (needs_composite(op, *stack)) {
+    op.callBoxedForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd, *stack);
+    return;
+  }
   rnn_kernel(op, stack, /*autograd=*/false);
 }
 
 void rnn_autograd_npu(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  if (needs_composite(op, *stack)) {
+    // Fake or functional tensors outside the Python dispatcher: ATen's
+    // composite. (Under torch.compile's tracing the Python dispatcher runs
+    // torch._decomp's RNN decompositions instead, see
+    // torch_npu/utils/_rnn_decompositions.py.)
+    op.callBoxedForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd, *stack);
+    return;
+  }
   rnn_kernel(op, stack, /*autograd=*/true);
 }
 

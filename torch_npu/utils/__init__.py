@@ -15,6 +15,9 @@ _syncbatchnorm._install()  # torch.nn.SyncBatchNorm on npu tensors
 from torch_npu.utils import _data_parallel
 
 _data_parallel._install()  # torch.nn.DataParallel: one npu device works, several raise naming DDP/torch_npu_run
+from torch_npu.utils import _rnn_decompositions
+
+_rnn_decompositions._install()  # torch.compile traces npu RNNs through torch's decompositions
 
 _logging.configure()
 
