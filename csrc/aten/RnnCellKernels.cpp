@@ -1,6 +1,8 @@
-// nn.LSTM / nn.GRU on a non-CPU device take the fused-cell path
-// (_thnn_fused_*_cell), which has no CPU kernel. These kernels compute the
-// same gate math with ATen CPU ops on zero-copy aliases. Workspace layouts
+// The fused-cell ops (_thnn_fused_*_cell) that ATen's RNN code uses on CUDA,
+// callable directly on npu as on CUDA. nn.LSTM / nn.GRU and the cells do not
+// reach them on npu (RnnKernels.cpp runs the CPU implementation instead).
+// These kernels compute the same gate math with ATen CPU ops on zero-copy
+// aliases. Workspace layouts
 // follow CUDA's: LSTM [i, f, g, o] activated gates; GRU [r, z, n, hx, hn].
 #include <ATen/ops/cat.h>
 #include <ATen/ops/zeros_like.h>

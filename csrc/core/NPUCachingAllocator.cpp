@@ -314,6 +314,34 @@ class Allocator {
     return devices_[device].fraction;
   }
 
+  // A shared-memory segment obtained outside the pools (allocate_shared):
+  // counted like a one-block large segment, and against the capacity.
+  void* malloc_shared(size_t size, int device, int* handle) {
+    LogScope logs;
+    std::lock_guard<std::mutex> g(mu_);
+    check_device(device);
+    DeviceState& ds = devices_[device];
+    const uint64_t cap = acl_emu::config().capacity;
+    void* p = nullptr;
+    if (ds.reserved + size <= limit(ds) && acl_emu::driver_used_bytes(device) + size <= cap) {
+      acl_emu::aclrtMallocShareable(&p, size, device, handle);
+    }
+    if (p == nullptr) {
+      ds.stats.num_ooms++;
+      TORCH_CHECK_WITH(OutOfMemoryError, false, "NPU out of memory. Tried to allocate ", format_size(size),
+                       " of shared memory (NPU ", device, "; ", format_size(cap), " total capacity; ",
+                       format_size(ds.reserved), " reserved in total by PyTorch).", PTA_ERROR(ErrCode::MEMORY));
+    }
+    track_shared(ds, size, +1);
+    return p;
+  }
+
+  void free_shared(void* ptr, size_t size, int device, int handle) {
+    std::lock_guard<std::mutex> g(mu_);
+    acl_emu::aclrtFreeShareable(ptr, size, device, handle);
+    track_shared(devices_[device], size, -1);
+  }
+
   const AllocConf& conf() const { return conf_; }
 
  private:
@@ -479,6 +507,26 @@ class Allocator {
     }
   }
 
+  void track_shared(DeviceState& ds, size_t size, int sign) {
+    auto& s = ds.stats;
+    const int64_t n = static_cast<int64_t>(size);
+    for (int t : {ALL, LARGE_POOL}) {
+      for (StatArray* arr : {&s.segment, &s.allocation, &s.active}) {
+        if (sign > 0) (*arr)[t].increase(1); else (*arr)[t].decrease(1);
+      }
+      for (StatArray* arr : {&s.reserved_bytes, &s.allocated_bytes, &s.active_bytes, &s.requested_bytes}) {
+        if (sign > 0) (*arr)[t].increase(n); else (*arr)[t].decrease(n);
+      }
+    }
+    if (sign > 0) {
+      ds.reserved += size;
+      s.num_device_alloc++;
+    } else {
+      ds.reserved -= size;
+      s.num_device_free++;
+    }
+  }
+
   // torch.profiler(profile_memory=True) records npu allocations from here.
   static void report_to_profiler(DeviceState& ds, Block* b, int device, int64_t delta) {
     if (!c10::memoryProfilingEnabled()) return;
@@ -580,6 +628,48 @@ c10::DataPtr allocate(size_t nbytes, int device, c10::Device label) {
 }
 
 void free_ptr(void* ptr) { free_fn(ptr); }
+
+namespace {
+struct SharedBlock {
+  void* ptr;
+  size_t size;
+  int device;
+  int handle;
+  bool owner;  // allocated here (counted) rather than imported
+};
+
+void free_shared_block(void* ctx) {
+  auto* b = static_cast<SharedBlock*>(ctx);
+  if (b->owner) {
+    instance().free_shared(b->ptr, b->size, b->device, b->handle);
+  } else {
+    acl_emu::aclrtUnmapShareable(b->ptr, b->size, b->handle);
+  }
+  delete b;
+}
+}  // namespace
+
+c10::DataPtr allocate_shared(size_t nbytes, int device) {
+  int handle = -1;
+  void* p = instance().malloc_shared(nbytes, device, &handle);
+  auto* b = new SharedBlock{p, nbytes, device, handle, true};
+  return {p, b, &free_shared_block, c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(device))};
+}
+
+c10::DataPtr import_shared(int handle, size_t nbytes, int device) {
+  TORCH_CHECK(acl_emu::is_valid_device(device), "Invalid device argument ", device, PTA_ERROR(ErrCode::PARAM));
+  void* p = nullptr;
+  NPU_CHECK_ERROR(acl_emu::aclrtMapShareable(handle, nbytes, &p));
+  auto* b = new SharedBlock{p, nbytes, device, handle, false};
+  return {p, b, &free_shared_block, c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(device))};
+}
+
+int shared_handle(const c10::DataPtr& data) {
+  if (data.get_deleter() != &free_shared_block) return -1;
+  return static_cast<SharedBlock*>(data.get_context())->handle;
+}
+
+
 c10::DeleterFnPtr deleter() { return &free_fn; }
 int device_of(const void* ptr) { return instance().device_of(ptr); }
 int storage_format(const void* ptr) { return instance().format_of(ptr); }

@@ -52,6 +52,19 @@ int device_of(const void* ptr);
 int storage_format(const void* ptr);
 bool set_storage_format(const void* ptr, int format);
 
+// Shared device memory for torch.multiprocessing (the emulator's IPC
+// memory). It lives outside the pools: other processes may still map it
+// after this one frees it, so it is never reused. The exporting process
+// counts it as one segment and one allocation of the large pool in its
+// statistics (memory_allocated / memory_reserved); a process that imports
+// it counts nothing, as a CUDA process does for memory opened by IPC handle.
+c10::DataPtr allocate_shared(size_t nbytes, int device);
+// Maps a handle exported by another process; takes ownership of `handle`.
+c10::DataPtr import_shared(int handle, size_t nbytes, int device);
+// The handle (a file descriptor owned by the DataPtr) of a shared
+// allocation, or -1 when `data` is not one.
+int shared_handle(const c10::DataPtr& data);
+
 void* raw_alloc(size_t nbytes, int device);
 void raw_delete(void* ptr);
 

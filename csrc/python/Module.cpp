@@ -37,6 +37,9 @@ void init_distributed_bindings(pybind11::module& parent);
 namespace format {
 void register_serialization();
 }
+namespace shared_memory {
+void init_shared_memory_bindings(pybind11::module& m);  // torch.multiprocessing support
+}
 }  // namespace torch_npu
 
 namespace {
@@ -167,6 +170,7 @@ py::tuple stream_tuple(const c10::Stream& s) {
 PYBIND11_MODULE(_C, m) {
   m.doc() = "torch_npu C++ core (emulated Ascend NPU)";
   torch_npu::distributed::init_distributed_bindings(m);
+  torch_npu::shared_memory::init_shared_memory_bindings(m);
 
   // Done at import: before any npu op can run, the CPU allocator must be
   // redirectable and the explicit CPU kernels registered.

@@ -7,6 +7,10 @@
 #include <mutex>
 #include <string>
 
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include "core/Settings.h"
 
 namespace acl_emu {
@@ -120,6 +124,55 @@ aclError aclrtFree(void* ptr, size_t size, int32_t device) {
 
 uint64_t driver_used_bytes(int32_t device) {
   return is_valid_device(device) ? state().used[device].load() : 0;
+}
+
+namespace {
+size_t mapped_size(size_t size) { return size == 0 ? 1 : size; }
+}  // namespace
+
+aclError aclrtMallocShareable(void** ptr, size_t size, int32_t device, int* handle) {
+  *ptr = nullptr;
+  *handle = -1;
+  if (!is_valid_device(device)) return ACL_ERROR_RT_INVALID_DEVICEID;
+  int fd = static_cast<int>(syscall(SYS_memfd_create, "torch_npu_ipc", 1U /* MFD_CLOEXEC */));
+  if (fd < 0) return ACL_ERROR_RT_MEMORY_ALLOCATION;
+  if (ftruncate(fd, static_cast<off_t>(mapped_size(size))) != 0) {
+    close(fd);
+    return ACL_ERROR_RT_MEMORY_ALLOCATION;
+  }
+  void* p = mmap(nullptr, mapped_size(size), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    close(fd);
+    return ACL_ERROR_RT_MEMORY_ALLOCATION;
+  }
+  state().used[device] += size;
+  *ptr = p;
+  *handle = fd;
+  return ACL_SUCCESS;
+}
+
+aclError aclrtFreeShareable(void* ptr, size_t size, int32_t device, int handle) {
+  if (!is_valid_device(device)) return ACL_ERROR_RT_INVALID_DEVICEID;
+  munmap(ptr, mapped_size(size));
+  close(handle);
+  state().used[device] -= size;
+  return ACL_SUCCESS;
+}
+
+aclError aclrtMapShareable(int handle, size_t size, void** ptr) {
+  void* p = mmap(nullptr, mapped_size(size), PROT_READ | PROT_WRITE, MAP_SHARED, handle, 0);
+  if (p == MAP_FAILED) {
+    *ptr = nullptr;
+    return ACL_ERROR_RT_MEMORY_ALLOCATION;
+  }
+  *ptr = p;
+  return ACL_SUCCESS;
+}
+
+aclError aclrtUnmapShareable(void* ptr, size_t size, int handle) {
+  munmap(ptr, mapped_size(size));
+  close(handle);
+  return ACL_SUCCESS;
 }
 
 int64_t stream_create(int32_t device, int /*priority*/) {

@@ -46,6 +46,15 @@ aclError aclrtFree(void* ptr, size_t size, int32_t device);
 // the emulator are independent, so this is also what the driver sees).
 uint64_t driver_used_bytes(int32_t device);
 
+// Shareable device memory, the emulator's IPC memory: a memory file mapped
+// MAP_SHARED, so every process that maps its handle (a file descriptor)
+// sees the same bytes. Counted in driver_used_bytes of the process that
+// allocated it; mapping an imported handle counts nothing.
+aclError aclrtMallocShareable(void** ptr, size_t size, int32_t device, int* handle);
+aclError aclrtFreeShareable(void* ptr, size_t size, int32_t device, int handle);
+aclError aclrtMapShareable(int handle, size_t size, void** ptr);
+aclError aclrtUnmapShareable(void* ptr, size_t size, int handle);
+
 // Streams: ids are per device; 0 is the default stream. Execution is
 // synchronous, so a stream only carries identity and ordering bookkeeping.
 int64_t stream_create(int32_t device, int priority);

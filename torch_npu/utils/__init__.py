@@ -13,10 +13,14 @@ from torch_npu.utils import _cann, _cann_env  # noqa: F401
 
 def _install_patches():
     """torch.load becomes torch_npu.utils.serialization.load (as in the real
-    torch_npu) and torch.nn.SyncBatchNorm runs on npu tensors. Idempotent."""
-    from torch_npu.utils import serialization, syncbatchnorm
+    torch_npu), torch.nn.SyncBatchNorm runs on npu tensors, torch.nn.DataParallel
+    works on one npu device and names DDP/torch_npu_run for several, and
+    torch.compile traces npu RNNs through torch's decompositions. Idempotent."""
+    from torch_npu.utils import serialization, syncbatchnorm, _data_parallel, _rnn_decompositions
     serialization._install()
     syncbatchnorm._install()
+    _data_parallel._install()
+    _rnn_decompositions._install()
 
 
 def get_cann_version(module="CANN"):

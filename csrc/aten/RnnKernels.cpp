@@ -1,0 +1,361 @@
+// nn.LSTM / nn.GRU / nn.RNN and their cells on npu compute bitwise what the
+// CPU computes, forward and backward. ATen's RNN code picks the fused-cell
+// path (_thnn_fused_*_cell) for PrivateUse1 inputs and oneDNN or the unfused
+// cells for CPU inputs, so the composite kernels would round differently.
+// Instead, aten::lstm / gru / rnn_tanh / rnn_relu (both overloads) and the
+// four *_cell ops get npu kernels at PrivateUse1 and AutogradPrivateUse1
+// that run the CPU implementation on zero-copy CPU aliases of the npu
+// tensors, allocations served from the device pool. When a gradient is
+// needed, the CPU call records its own CPU autograd graph; one npu node
+// (RnnCpuGraphBackward) links the npu outputs to the npu inputs and runs that
+// graph's backward on aliases of the incoming gradients.
+//
+// Dropout between layers must draw from the npu generator: a multi-layer
+// call with dropout in training is run layer by layer (each layer is the
+// same CPU computation as inside the multi-layer call) with npu dropout
+// between the layers, exactly where ATen applies it.
+#include <ATen/autocast_mode.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/dropout.h>
+#include <c10/core/GradMode.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
+#include <torch/csrc/autograd/saved_variable.h>
+#include <torch/library.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "aten/OpExecution.h"
+
+namespace torch_npu::kernels {
+namespace {
+
+using torch::autograd::variable_list;
+
+void release_npu_storage(void* ctx) { c10::raw::intrusive_ptr::decref(static_cast<c10::StorageImpl*>(ctx)); }
+
+// A CPU alias of npu tensor `t` that keeps the npu memory alive (the CPU
+// graph may save it past the call) and shares t's version counter, so an
+// in-place change of the npu tensor before backward is detected by the
+// CPU graph as it would be on CPU. Aliases of one npu storage share one CPU
+// storage within a call.
+at::Tensor owning_alias(const at::Tensor& t, std::vector<std::pair<c10::StorageImpl*, c10::Storage>>& storages) {
+  c10::StorageImpl* s = t.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
+  c10::Storage cpu;
+  for (auto& e : storages) {
+    if (e.first == s) cpu = e.second;
+  }
+  if (!cpu) {
+    c10::raw::intrusive_ptr::incref(s);
+    c10::DataPtr dp(const_cast<void*>(s->data()), s, &release_npu_storage, c10::Device(c10::DeviceType::CPU));
+    cpu = c10::Storage(c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), s->sym_nbytes(),
+                                                             std::move(dp), nullptr, /*resizable=*/false));
+    storages.emplace_back(s, cpu);
+  }
+  at::Tensor a = exec::cpu_alias(t, std::move(cpu));
+  if (!t.is_inference() && !a.is_inference()) {
+    a.unsafeGetTensorImpl()->set_version_counter(t.unsafeGetTensorImpl()->version_counter());
+  }
+  return a;
+}
+
+// The npu end of a CPU autograd graph recorded by one RNN call: its inputs
+// are the npu outputs, its next edges the npu inputs that require grad.
+struct RnnCpuGraphBackward final : torch::autograd::Node {
+  RnnCpuGraphBackward(std::string name, int device, variable_list cpu_inputs, variable_list cpu_outputs)
+      : name_(std::move(name)),
+        device_(device),
+        cpu_inputs_(std::move(cpu_inputs)),
+        cpu_outputs_(std::move(cpu_outputs)) {}
+
+  std::string name() const override { return name_; }
+
+  variable_list apply(variable_list&& grads) override {
+    TORCH_CHECK(!released_, torch::autograd::ERR_BACKWARD_TWICE);
+    TORCH_CHECK(!at::GradMode::is_enabled(), name_,
+                ": double backward (create_graph=True) through an RNN on the NPU is not supported");
+    variable_list outs, gouts;
+    for (size_t i = 0; i < grads.size(); ++i) {
+      if (!grads[i].defined()) continue;
+      outs.push_back(cpu_outputs_[i]);
+      gouts.push_back(exec::cpu_alias(grads[i]));
+    }
+    variable_list result(cpu_inputs_.size());
+    if (outs.empty()) return result;
+    variable_list cpu_grads;
+    {
+      exec::DeviceMemoryScope memory(device_);
+      // The graph is released with this node (release_variables), so a
+      // retained outer graph can run it again.
+      cpu_grads = torch::autograd::grad(outs, cpu_inputs_, gouts, /*retain_graph=*/true, /*create_graph=*/false,
+                                        /*allow_unused=*/true);
+    }
+    for (size_t i = 0; i < cpu_grads.size(); ++i) result[i] = exec::share_result(cpu_grads[i], device_);
+    return result;
+  }
+
+  void release_variables() override {
+    cpu_outputs_.clear();
+    cpu_inputs_.clear();
+    released_ = true;
+  }
+
+ private:
+  std::string name_;
+  int device_;
+  variable_list cpu_inputs_;
+  variable_list cpu_outputs_;
+  bool released_ = false;
+};
+
+std::string backward_name(const c10::OperatorHandle& op) {
+  const auto& n = op.operator_name();
+  std::string base = n.name.substr(n.name.find("::") + 2);
+  std::string out;
+  bool up = true;
+  for (char c : base) {
+    if (c == '_') {
+      up = true;
+      continue;
+    }
+    out += up ? static_cast<char>(std::toupper(static_cast<unsigned char>(c))) : c;
+    up = false;
+  }
+  return out + "NpuBackward0";
+}
+
+// Tensors a CPU kernel cannot read: fake, functional, meta-backed, subclasses.
+bool has_no_real_data(const at::Tensor& t) {
+  if (!t.defined()) return false;
+  const auto ks = t.key_set();
+  if (ks.has(c10::DispatchKey::Python) || ks.has(c10::DispatchKey::Functionalize)) return true;
+  if (!t.has_storage()) return true;
+  return t.unsafeGetTensorImpl()->unsafe_storage().device_type() != c10::DeviceType::PrivateUse1 &&
+         t.device().type() == c10::DeviceType::PrivateUse1;
+}
+
+template <typename F>
+void for_each_tensor(const torch::jit::Stack& stack, size_t base, size_t n, F&& f) {
+  for (size_t i = base; i < base + n; ++i) {
+    const c10::IValue& iv = stack[i];
+    if (iv.isTensor()) {
+      f(iv.toTensor());
+    } else if (iv.isTensorList()) {
+      for (const at::Tensor& t : iv.toTensorList()) f(t);
+    }
+  }
+}
+
+// Runs the op's CPU implementation on aliases; records the CPU graph and an
+// npu backward node when `autograd` and a tensor input requires grad.
+void run_cpu_implementation(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool autograd) {
+  const auto& schema = op.schema();
+  const size_t nargs = schema.arguments().size();
+  const size_t base = stack->size() - nargs;
+
+  bool record = false;
+  if (autograd && at::GradMode::is_enabled()) {
+    for_each_tensor(*stack, base, nargs, [&](const at::Tensor& t) {
+      if (t.defined() && t.requires_grad()) record = true;
+      TORCH_CHECK(!t.defined() || !t._fw_grad(/*level=*/0).defined(), op.operator_name().name,
+                  ": forward-mode AD is not supported for RNNs on the NPU");
+    });
+  }
+
+  // batch_sizes (packed sequences) stays a CPU tensor, as on CUDA.
+  int batch_sizes_arg = -1;
+  c10::IValue batch_sizes;
+  for (size_t i = 0; i < nargs; ++i) {
+    if (schema.arguments()[i].name() == "batch_sizes") {
+      batch_sizes_arg = static_cast<int>(i);
+      batch_sizes = std::move((*stack)[base + i]);
+      (*stack)[base + i] = at::Tensor();
+    }
+  }
+
+  std::vector<std::pair<c10::StorageImpl*, c10::Storage>> storages;
+  variable_list npu_inputs, cpu_inputs;
+  const int device = exec::prepare_cpu_call(op, stack, [&](const at::Tensor& t, const c10::Argument&) {
+    at::Tensor a = owning_alias(t, storages);
+    if (record && t.requires_grad()) {
+      a.set_requires_grad(true);
+      npu_inputs.push_back(t);
+      cpu_inputs.push_back(a);
+    }
+    return a;
+  });
+  if (batch_sizes_arg >= 0) {
+    c10::IValue& slot = (*stack)[base + batch_sizes_arg];
+    const at::Tensor& bs = batch_sizes.toTensor();
+    slot = bs.device().type() == c10::DeviceType::PrivateUse1 ? c10::IValue(exec::cpu_alias(bs)) : batch_sizes;
+  }
+
+  {
+    exec::KernelScope scope(op, device);
+    at::AutoGradMode grad_mode(record);
+    op.callBoxed(stack);
+  }
+
+  const size_t nout = schema.returns().size();
+  const size_t obase = stack->size() - nout;
+  variable_list cpu_outputs, npu_outputs;
+  for (size_t i = 0; i < nout; ++i) {
+    at::Tensor cpu = (*stack)[obase + i].toTensor();
+    at::Tensor npu = exec::share_result(cpu, device);
+    if (record && !npu.is_inference()) {
+      npu.unsafeGetTensorImpl()->set_version_counter(cpu.unsafeGetTensorImpl()->version_counter());
+    }
+    cpu_outputs.push_back(cpu);
+    npu_outputs.push_back(npu);
+    (*stack)[obase + i] = npu;
+  }
+  if (!record) return;
+  auto node = c10::make_intrusive<RnnCpuGraphBackward>(backward_name(op), device, std::move(cpu_inputs),
+                                                        std::move(cpu_outputs));
+  node->set_next_edges(torch::autograd::collect_next_edges(npu_inputs));
+  for (const at::Tensor& out : npu_outputs) torch::autograd::set_history(out, node);
+}
+
+struct LayerArgs {
+  size_t hx = 0;  // index of hx (Tensor for gru/rnn, Tensor[] for lstm)
+  bool valid = false;
+};
+
+// Argument layout of the multi-layer overloads:
+//   .input: (input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first)
+//   .data:  (data, batch_sizes, hx, params, has_biases, num_layers, dropout, train, bidirectional)
+LayerArgs layer_args(const c10::OperatorHandle& op) {
+  const auto& args = op.schema().arguments();
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i].name() == "hx") return {i, i + 7 <= args.size() && args[i + 3].name() == "num_layers"};
+  }
+  return {};
+}
+
+// A multi-layer call with dropout in training: one call per layer, npu
+// dropout between layers (the npu generator draws the masks).
+bool run_layer_by_layer(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const LayerArgs la = layer_args(op);
+  if (!la.valid) return false;
+  const size_t nargs = op.schema().arguments().size();
+  const size_t base = stack->size() - nargs;
+  auto arg = [&](size_t i) -> c10::IValue& { return (*stack)[base + i]; };
+  const int64_t num_layers = arg(la.hx + 3).toInt();
+  const double p = arg(la.hx + 4).toDouble();
+  const bool train = arg(la.hx + 5).toBool();
+  const bool bidirectional = arg(la.hx + 6).toBool();
+  if (!(train && p > 0 && num_layers > 1)) return false;
+
+  const int64_t dirs = bidirectional ? 2 : 1;
+  const bool lstm_hx = arg(la.hx).isTensorList();
+  std::vector<at::Tensor> hx = lstm_hx ? arg(la.hx).toTensorVector() : std::vector<at::Tensor>{arg(la.hx).toTensor()};
+  std::vector<at::Tensor> params = arg(la.hx + 1).toTensorVector();
+  TORCH_CHECK(num_layers > 0 && params.size() % num_layers == 0, op.operator_name().name,
+              ": got ", params.size(), " parameters for ", num_layers, " layers");
+  const size_t per_layer = params.size() / num_layers;
+
+  std::vector<c10::IValue> fixed(stack->end() - nargs, stack->end());
+  torch::jit::drop(*stack, nargs);
+  at::Tensor layer_input = fixed[0].toTensor();
+  std::vector<std::vector<at::Tensor>> final_states(hx.size());
+  for (int64_t l = 0; l < num_layers; ++l) {
+    std::vector<c10::IValue> call = fixed;
+    call[0] = layer_input;
+    std::vector<at::Tensor> layer_hx;
+    for (const at::Tensor& h : hx) layer_hx.push_back(h.narrow(0, l * dirs, dirs));
+    call[la.hx] = lstm_hx ? c10::IValue(layer_hx) : c10::IValue(layer_hx[0]);
+    call[la.hx + 1] = std::vector<at::Tensor>(params.begin() + l * per_layer, params.begin() + (l + 1) * per_layer);
+    call[la.hx + 3] = int64_t{1};
+    call[la.hx + 4] = 0.0;
+    torch::jit::Stack s(call.begin(), call.end());
+    op.callBoxed(&s);
+    layer_input = s[0].toTensor();
+    for (size_t k = 0; k < hx.size(); ++k) final_states[k].push_back(s[1 + k].toTensor());
+    if (l + 1 < num_layers) layer_input = at::dropout(layer_input, p, /*train=*/true);
+  }
+  torch::jit::push(*stack, layer_input);
+  for (auto& states : final_states) torch::jit::push(*stack, at::cat(states, 0));
+  return true;
+}
+
+bool needs_composite(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+  const size_t nargs = op.schema().arguments().size();
+  bool fake = false;
+  for_each_tensor(stack, stack.size() - nargs, nargs, [&](const at::Tensor& t) { fake = fake || has_no_real_data(t); });
+  return fake;
+}
+
+void rnn_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool autograd) {
+  if (run_layer_by_layer(op, stack)) return;
+  run_cpu_implementation(op, stack, autograd);
+}
+
+void rnn_npu(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  if (needs_composite(op, *stack)) {
+    op.callBoxedForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd, *stack);
+    return;
+  }
+  rnn_kernel(op, stack, /*autograd=*/false);
+}
+
+void rnn_autograd_npu(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  if (needs_composite(op, *stack)) {
+    // Fake or functional tensors outside the Python dispatcher: ATen's
+    // composite. (Under torch.compile's tracing the Python dispatcher runs
+    // torch._decomp's RNN decompositions instead, see
+    // torch_npu/utils/_rnn_decompositions.py.)
+    op.callBoxedForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd, *stack);
+    return;
+  }
+  rnn_kernel(op, stack, /*autograd=*/true);
+}
+
+// torch.autocast("npu"): the multi-layer RNNs run in the lower-precision
+// dtype, as CUDA's do (its autocast casts _cudnn_rnn's arguments, and the
+// cells are on the lower-precision list, which covers the *_cell ops here).
+void rnn_autocast_npu(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  constexpr auto npu = c10::DeviceType::PrivateUse1;
+  const at::ScalarType dtype = at::autocast::get_lower_precision_fp_from_device_type(npu);
+  const size_t nargs = op.schema().arguments().size();
+  for (size_t i = stack->size() - nargs; i < stack->size(); ++i) {
+    c10::IValue& iv = (*stack)[i];
+    if (iv.isTensor()) {
+      iv = at::autocast::cached_cast(dtype, iv.toTensor(), npu);
+    } else if (iv.isTensorList()) {
+      iv = at::autocast::cached_cast(dtype, at::TensorList(iv.toTensorVector()), npu);
+    }
+  }
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastPrivateUse1);
+  op.callBoxed(stack);
+}
+
+constexpr const char* kRnnOps[] = {"lstm.input",     "lstm.data",     "gru.input",  "gru.data",
+                                   "rnn_tanh.input", "rnn_tanh.data", "rnn_relu.input", "rnn_relu.data",
+                                   "lstm_cell",      "gru_cell",      "rnn_tanh_cell", "rnn_relu_cell"};
+
+}  // namespace
+}  // namespace torch_npu::kernels
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  for (const char* name : torch_npu::kernels::kRnnOps) {
+    m.impl(name, torch::CppFunction::makeFromBoxedFunction<&torch_npu::kernels::rnn_npu>());
+  }
+}
+
+TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {
+  for (const char* name : torch_npu::kernels::kRnnOps) {
+    m.impl(name, torch::CppFunction::makeFromBoxedFunction<&torch_npu::kernels::rnn_autograd_npu>());
+  }
+}
+
+TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m) {
+  for (const char* name : {"lstm.input", "lstm.data", "gru.input", "gru.data", "rnn_tanh.input", "rnn_tanh.data",
+                           "rnn_relu.input", "rnn_relu.data"}) {
+    m.impl(name, torch::CppFunction::makeFromBoxedFunction<&torch_npu::kernels::rnn_autocast_npu>());
+  }
+}
