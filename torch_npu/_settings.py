@@ -196,7 +196,7 @@ class Setting:
     where: str            # the modules / C++ files that consume it
     when: str             # "import", "device", "process group" or "call"
     core: bool = False    # handed to the C++ core by push_to_core()
-    owner: str = "torch_npu"   # "torch_npu", "CANN", "PyTorch" or "launcher": who defines it
+    owner: str = "torch_npu"   # "torch_npu", "CANN", "PyTorch", "launcher" or "OS": who defines it
 
 
 _ALL: List[Setting] = [
@@ -309,8 +309,30 @@ _ALL: List[Setting] = [
             "Profiles without a dir_name go to $ASCEND_WORK_PATH/profiling_data.",
             "torch_npu/profiler/_path_creator.py", "call", owner="CANN"),
     Setting("ASCEND_HOME_PATH", _TEXT_OR_EMPTY, None,
-            "CANN install directory; `torch-npu doctor` checks that DeepSpeed will find it.",
-            "torch_npu/cli/doctor.py", "call", owner="CANN"),
+            "CANN install directory (set_env.sh). Unset, `import torch_npu` points it at the emulated "
+            "toolkit (see TORCH_NPU_EMU_CANN_ENV); `torch-npu doctor` reports who set it.",
+            "torch_npu/utils/_cann_env.py; torch_npu/cli/doctor.py", "import", owner="CANN"),
+    Setting("ASCEND_TOOLKIT_HOME", _TEXT_OR_EMPTY, None,
+            "CANN toolkit directory (set_env.sh); set by the user, torch_npu adds no CANN variable.",
+            "torch_npu/utils/_cann_env.py", "import", owner="CANN"),
+    Setting("ASCEND_AICPU_PATH", _TEXT_OR_EMPTY, None,
+            "CANN AI CPU kernels directory (set_env.sh); exported by torch_npu when unset.",
+            "torch_npu/utils/_cann_env.py", "import", owner="CANN"),
+    Setting("ASCEND_OPP_PATH", _TEXT_OR_EMPTY, None,
+            "CANN operator package directory (set_env.sh); exported by torch_npu when unset.",
+            "torch_npu/utils/_cann_env.py", "import", owner="CANN"),
+    Setting("TOOLCHAIN_HOME", _TEXT_OR_EMPTY, None,
+            "CANN toolchain directory (set_env.sh); exported by torch_npu when unset.",
+            "torch_npu/utils/_cann_env.py", "import", owner="CANN"),
+    Setting("TORCH_NPU_EMU_CANN_ENV", _choice_type({"0": False, "1": True},
+                                                   "Invalid value for {name}: {value}. Only '0' or '1' is supported."),
+            True,
+            "0: `import torch_npu` does not export CANN's set_env.sh variables (ASCEND_HOME_PATH ...) "
+            "pointing at the emulated toolkit; 1: it exports those that are unset.",
+            "torch_npu/utils/_cann_env.py", "import"),
+    Setting("XDG_CACHE_HOME", _TEXT_OR_EMPTY, None,
+            "Where the emulated CANN toolkit is laid out ($XDG_CACHE_HOME/torch_npu; default ~/.cache).",
+            "torch_npu/utils/_cann_env.py", "import", owner="OS"),
     Setting("DS_ACCELERATOR", _TEXT_OR_EMPTY, None,
             "DeepSpeed's accelerator override; `torch-npu doctor` reports it.", "torch_npu/cli/doctor.py",
             "call", owner="DeepSpeed"),

@@ -147,9 +147,10 @@ def _patch_storage_methods():
 
 
 def _install():
-    if getattr(torch.UntypedStorage, "_share_npu_", None) is _share_npu_:
-        return
-    _patch_storage_methods()
+    """Patch the storage methods (once) and register the npu reducers with
+    ForkingPickler (idempotent: registering again replaces the same entry)."""
+    if getattr(torch.UntypedStorage, "_share_npu_", None) is not _share_npu_:
+        _patch_storage_methods()
     for cls in torch._tensor_classes:
         ForkingPickler.register(cls, _reduce_tensor)
     ForkingPickler.register(torch.Tensor, _reduce_tensor)

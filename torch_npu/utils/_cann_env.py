@@ -30,7 +30,7 @@ import shutil
 import tempfile
 import warnings
 
-from torch_npu import version as _version
+from torch_npu import _settings, version as _version
 
 __all__ = []
 
@@ -59,7 +59,7 @@ def _arch_dir():
 
 
 def _candidate_roots():
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    cache = _settings.raw("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     tmp = os.path.join(tempfile.gettempdir(), f"torch_npu-{os.getuid()}")
     return [os.path.join(cache, "torch_npu"), tmp]
 
@@ -157,10 +157,7 @@ def toolkit_home(create=True):
 
 
 def _switch_on():
-    value = os.environ.get(SWITCH, "1")
-    if value not in ("0", "1"):
-        raise ValueError(f"Invalid value for {SWITCH}: {value}. Only '0' or '1' is supported.")
-    return value == "1"
+    return _settings.get(SWITCH)
 
 
 def apply_to_process_env():
@@ -171,7 +168,7 @@ def apply_to_process_env():
     overridden nor mixed with the emulated one). Otherwise sets each variable of
     :data:`VARIABLES` that is unset, pointing at :func:`toolkit_home`. Returns what it
     set (name -> value). If the toolkit cannot be created it warns and sets nothing."""
-    if not _switch_on() or any(os.environ.get(name) for name in _ROOTS):
+    if not _switch_on() or any(_settings.raw(name) for name in _ROOTS):
         return {}
     try:
         home = toolkit_home()
@@ -180,7 +177,7 @@ def apply_to_process_env():
                       f"silence this, or export ASCEND_HOME_PATH yourself.")
         return {}
     for name, value in variables_for(home).items():
-        if not os.environ.get(name):
+        if not _settings.raw(name):
             os.environ[name] = value
             _exported[name] = value
     return dict(_exported)
@@ -195,7 +192,7 @@ def origins():
     emulated = os.path.dirname(toolkit_home(create=False))
     out = {}
     for name in VARIABLES:
-        value = os.environ.get(name)
+        value = _settings.raw(name)
         if not value:
             source = "unset"
         elif _exported.get(name) == value:
