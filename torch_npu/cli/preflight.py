@@ -65,7 +65,7 @@ def text_report(r):
 @click.pass_context
 def preflight(ctx, transfer, max_steps, max_seconds, no_time, fmt, script, script_args):
     """Run SCRIPT on the virtual NPU for a bounded time and report what a port needs."""
-    from torch_npu.cli import _preflight_runner
+    from . import _preflight_runner
     # In json mode stdout carries only the report.
     redirect = contextlib.redirect_stdout(sys.stderr) if fmt == "json" else contextlib.nullcontext()
     with redirect:
