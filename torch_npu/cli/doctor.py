@@ -1,9 +1,12 @@
 """``torch-npu doctor``: is this environment ready, and what will client libraries see?
 
-Checks (each ``ok`` / ``warn`` / ``fail``; exit code 1 when any fails): versions, the
-``torch.backends`` autoload entry point, the emulated devices and their settings, AMP dtypes,
-the ``hccl`` backend, and for accelerate, transformers, deepspeed (and peft, diffusers,
-lightning) the installed version and which device they will pick. An installed library is
+Checks (each ``ok`` / ``warn`` / ``fail``, each failure with its fix; exit code 1 when any
+fails): versions, a second (real) torch_npu installed beside this one, the ``torch.backends``
+autoload entry point and ``TORCH_DEVICE_BACKEND_AUTOLOAD``, the emulator variables, the
+emulated devices, AMP dtypes, the ``hccl`` backend, whether the installed stack
+(torchvision, torchaudio, transformers, accelerate, peft, diffusers, deepspeed, lightning,
+timm) imports and is built for this torch, and for accelerate, transformers, deepspeed (and
+peft, diffusers, lightning) which device they will pick. An installed library is
 asked through its own detection function; for one that is not installed, the answer is
 predicted from its detection rule (import torch_npu succeeds and torch.npu.is_available()).
 """
@@ -12,6 +15,9 @@ import importlib.metadata
 import json
 import os
 import platform
+import re
+import subprocess
+import sys
 
 import click
 
@@ -64,6 +70,175 @@ def _clients(npu_ok):
     return out
 
 
+def _finding(name, status, detail):
+    return {"check": name, "status": status, "detail": detail}
+
+
+def check_torch_npu_distributions():
+    """Exactly one installed distribution provides ``torch_npu``, and it is this emulator
+    (``+emu`` version): a real torch_npu wheel installed too shadows or mixes with it."""
+    found = []
+    for dist in importlib.metadata.distributions():
+        name = (dist.metadata["Name"] or "").lower().replace("-", "_")
+        files = dist.files or []
+        provides = name == "torch_npu" or any(str(f).startswith("torch_npu/__init__.py") for f in files)
+        if provides:
+            found.append((dist.metadata["Name"], dist.version, str(dist.locate_file(""))))
+    real = [d for d in found if "+emu" not in d[1]]
+    listing = "; ".join(f"{n} {v} in {where}" for n, v, where in found)
+    if real:
+        return [_finding("torch_npu installations", "fail",
+                         f"a torch_npu that is not this emulator is installed ({listing}): the two overwrite each "
+                         f"other's files. Fix: pip uninstall -y torch_npu (repeat until none is left), then "
+                         f"reinstall this one (make install, or pip install <this repository>)")]
+    if len(found) > 1:
+        return [_finding("torch_npu installations", "warn",
+                         f"{len(found)} installations provide torch_npu ({listing}). Fix: pip uninstall -y "
+                         f"torch_npu until none is left, then reinstall one")]
+    return [_finding("torch_npu installations", "ok", listing or "none registered (run from a source tree)")]
+
+
+def check_autoload_variable():
+    """``TORCH_DEVICE_BACKEND_AUTOLOAD``: unset or 1 lets ``import torch`` load torch_npu."""
+    value = os.environ.get("TORCH_DEVICE_BACKEND_AUTOLOAD")
+    if value is None:
+        return [_finding("TORCH_DEVICE_BACKEND_AUTOLOAD", "ok", "unset: import torch loads torch_npu")]
+    if value == "1":
+        return [_finding("TORCH_DEVICE_BACKEND_AUTOLOAD", "ok", "1: import torch loads torch_npu")]
+    if value == "0":
+        return [_finding("TORCH_DEVICE_BACKEND_AUTOLOAD", "warn",
+                         "0: import torch does not load torch_npu, so scripts and client libraries that do not "
+                         "import torch_npu themselves see no npu device. Fix: unset TORCH_DEVICE_BACKEND_AUTOLOAD")]
+    return [_finding("TORCH_DEVICE_BACKEND_AUTOLOAD", "warn",
+                     f"{value!r} is neither 0 nor 1. Fix: unset it (or set 1)")]
+
+
+def check_emulator_settings():
+    """The emulator variables parse (the package's own parser, the one device start-up uses).
+
+    One function on purpose: the settings registry will replace its body."""
+    import torch_npu
+    out = []
+    error = torch_npu._C._emu_config_error()
+    if error:
+        out.append(_finding("emulator settings", "fail",
+                            f"{error}. Fix: correct or unset that variable (torch.npu fails at first use)"))
+    threads = os.environ.get("TORCH_NPU_EMU_AUTOGRAD_THREADS")
+    if threads not in (None, "", "0", "1"):
+        out.append(_finding("emulator settings", "warn",
+                            f"TORCH_NPU_EMU_AUTOGRAD_THREADS={threads!r}: only 1 (or unset) has a meaning. Fix: "
+                            f"unset it or set 1"))
+    if not out:
+        out.append(_finding("emulator settings", "ok", "TORCH_NPU_EMU_* and ASCEND_RT_VISIBLE_DEVICES parse"))
+    return out
+
+
+# Libraries a training stack imports on top of torch: distribution name, module to import.
+STACK = (("torchvision", "torchvision"), ("torchaudio", "torchaudio"), ("transformers", "transformers"),
+         ("accelerate", "accelerate"), ("peft", "peft"), ("diffusers", "diffusers"), ("deepspeed", "deepspeed"),
+         ("lightning", "lightning"), ("pytorch-lightning", "pytorch_lightning"), ("timm", "timm"))
+IMPORT_TIMEOUT_S = 300
+
+
+def _matching_release(package, torch_version):
+    """The release of a torch-versioned library built for ``torch_version``, or ``None``."""
+    major, minor = (int(x) for x in torch_version.split(".")[:2])
+    if package == "torchvision" and major == 2:
+        return f"0.{minor + 15}"
+    if package == "torchaudio":
+        return f"{major}.{minor}"
+    return None
+
+
+def _pinned_torch(package):
+    """The torch versions a library's metadata pins exactly (``torch==X``), without extras."""
+    pins = []
+    for req in importlib.metadata.requires(package) or []:
+        if "extra ==" in req:
+            continue
+        m = re.match(r"torch\s*(\(?)\s*==\s*([\w.+]+)", req)
+        if m:
+            pins.append(m.group(2))
+    return pins
+
+
+_IMPORT_ALL = r"""
+import json, sys, traceback
+for module in sys.argv[1:]:
+    try:
+        __import__(module)
+        result = None
+    except BaseException as e:
+        lines = [l for l in traceback.format_exception_only(type(e), e)[-1].strip().splitlines() if l.strip()]
+        result = lines[-1] if lines else type(e).__name__
+    print(json.dumps([module, result]), flush=True)
+"""
+
+
+def _import_each(modules, timeout):
+    """{module: None (imports) | error line | "timeout" | "crash: ..."}: one interpreter imports
+    them in turn (torch is loaded once), each error caught; a hang or a crash is charged to the
+    module that was importing."""
+    if not modules:
+        return {}
+    proc = subprocess.Popen([sys.executable, "-c", _IMPORT_ALL, *modules], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+        stopped = None
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        stopped = f"timeout: not imported within {timeout} s"
+    results = {}
+    for line in out.splitlines():
+        try:
+            module, error = json.loads(line)
+        except ValueError:
+            continue
+        results[module] = error
+    for module in modules:
+        if module not in results:
+            lines = [line for line in err.strip().splitlines() if line.strip()]
+            results[module] = stopped or f"the interpreter died (exit status {proc.returncode})" + \
+                (f": {lines[-1]}" if lines else "")
+            break  # the rest were never tried
+    return results
+
+
+def check_stack_imports(torch_version, timeout=IMPORT_TIMEOUT_S):
+    """Each installed stack library imports (in a separate interpreter, with a timeout) and is
+    built for the installed torch: torchvision/torchaudio pin one torch release, and a build for
+    another one fails at import (``operator torchvision::nms does not exist``)."""
+    installed = [(dist, module, _version(dist)) for dist, module in STACK if _version(dist)]
+    imported = _import_each([module for _, module, _ in installed], timeout)
+    out = []
+    base = torch_version.split("+")[0]
+    vision_fix = f"pip install 'torchvision=={_matching_release('torchvision', base)}.*' --index-url " \
+                 f"https://download.pytorch.org/whl/cpu"
+    for dist, module, version in installed:
+        match = _matching_release(dist, base)
+        fix = (f"pip install '{dist}=={match}.*' --index-url https://download.pytorch.org/whl/cpu"
+               if match else f"pip install -U {dist} -c <a file with torch=={base}>")
+        pins = [p for p in _pinned_torch(dist) if p.split("+")[0] != base]
+        if module not in imported:
+            out.append(_finding(f"{dist} {version}", "warn", f"import {module} not tried: an earlier import "
+                                                             f"stopped the check"))
+            continue
+        error = imported[module]
+        if error is not None:
+            built_for = f" (built for torch {pins[0]})" if pins else ""
+            if dist != "torchvision" and "torchvision::" in error:  # fails in the torchvision it imports
+                fix = f"the torchvision built for torch {base}: {vision_fix}"
+            out.append(_finding(f"{dist} {version}", "fail", f"import {module} fails{built_for}: {error}. Fix: {fix}"))
+        elif pins:
+            out.append(_finding(f"{dist} {version}", "warn",
+                                f"built for torch {pins[0]}, installed torch {torch_version}. Fix: {fix}"))
+        else:
+            out.append(_finding(f"{dist} {version}", "ok", "imports"))
+    return out
+
+
 def collect():
     """Everything ``doctor`` prints, as a dict with a ``checks`` list."""
     checks = []
@@ -71,15 +246,20 @@ def collect():
     def check(name, status, detail):
         checks.append({"check": name, "status": status, "detail": detail})
 
+    checks += check_autoload_variable()  # before torch_npu's import touches the variable
     import torch
     import torch_npu
     check("torch version", "ok" if torch.__version__.split("+")[0] == "2.13.0" else "fail",
           f"torch {torch.__version__} (torch_npu {torch_npu.__version__} needs 2.13.0)")
+    checks += check_torch_npu_distributions()
+    settings = check_emulator_settings()
+    checks += settings
     entry_points = importlib.metadata.entry_points(group="torch.backends")
     autoload = any(ep.name == "torch_npu" for ep in entry_points)
     check("autoload entry point", "ok" if autoload else "warn",
           "import torch loads torch_npu" if autoload else "missing: scripts must import torch_npu themselves")
-    available = torch.npu.is_available()
+    # With a setting that does not parse, the first device use raises: reported above instead.
+    available = torch.npu.is_available() and all(c["status"] != "fail" for c in settings)
     count = torch.npu.device_count() if available else 0
     check("npu devices", "ok" if available and count else "fail", f"{count} visible")
     devices = []
@@ -95,6 +275,7 @@ def collect():
     hccl = torch.distributed.is_available() and torch.distributed.is_backend_available("hccl")
     check("hccl backend", "ok" if hccl else "warn",
           "registered" if hccl else "not registered: distributed npu training cannot start")
+    checks += check_stack_imports(torch.__version__)
     clients = _clients(available and count > 0)
     for c in clients:
         if c.get("warning"):
