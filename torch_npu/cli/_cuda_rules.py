@@ -189,6 +189,9 @@ class _CudaRules(cst.CSTTransformer):
 
     def leave_Attribute(self, original, updated):
         attr = original.attr.value
+        if attr == "is_cuda" and self._dp_guard_depth:
+            self._add(original, "data-parallel-guard", _DP_GUARD_HINT, False)
+            return updated
         if attr == "is_cuda":
             self._add(original, "is-cuda", _code(original.value) + ".is_npu", True)
             return updated.with_changes(attr=cst.Name("is_npu")) if self.fix else updated
