@@ -20,7 +20,7 @@ t0=$SECONDS
 step() { echo "--> $1 ($((SECONDS - t0)) s)"; }
 
 step "build the wheel (C++ core included; ccache used when present)"
-if command -v ccache >/dev/null && [ -z "${CXX:-}" ]; then export CXX="ccache g++"; fi
+if [ -d /usr/lib/ccache ]; then export PATH="/usr/lib/ccache:$PATH"; fi  # its c++ runs through ccache
 (cd "$repo" && MAX_JOBS=${MAX_JOBS:-2} TORCH_DEVICE_BACKEND_AUTOLOAD=0 "$build_py" -m pip wheel -q \
     --disable-pip-version-check --no-build-isolation --no-deps -w "$work/dist" . ) > "$work/build.log" 2>&1 \
     || { tail -n 40 "$work/build.log"; echo "wheel build failed (log above)" >&2; exit 1; }
