@@ -175,14 +175,27 @@ for module in sys.argv[1:]:
 """
 
 
-def _import_each(modules, timeout):
-    """{module: None (imports) | error line | "timeout" | "crash: ..."}: one interpreter imports
-    them in turn (torch is loaded once), each error caught; a hang or a crash is charged to the
-    module that was importing."""
+def _installed_stack():
+    return [(dist, module, _version(dist)) for dist, module in STACK if _version(dist)]
+
+
+def start_stack_imports():
+    """Start the interpreter that imports the installed stack (see ``check_stack_imports``), so
+    that it runs while doctor does the rest; ``None`` when nothing is installed."""
+    modules = [module for _, module, _ in _installed_stack()]
     if not modules:
-        return {}
+        return None
     proc = subprocess.Popen([sys.executable, "-c", _IMPORT_ALL, *modules], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
+    return proc, modules
+
+
+def _import_results(started, timeout):
+    """{module: None (imports) | error line}; a hang or a crash is charged to the module that
+    was importing, and the modules after it are missing."""
+    if started is None:
+        return {}
+    proc, modules = started
     try:
         out, err = proc.communicate(timeout=timeout)
         stopped = None
@@ -206,12 +219,13 @@ def _import_each(modules, timeout):
     return results
 
 
-def check_stack_imports(torch_version, timeout=IMPORT_TIMEOUT_S):
+def check_stack_imports(torch_version, started=None, timeout=IMPORT_TIMEOUT_S):
     """Each installed stack library imports (in a separate interpreter, with a timeout) and is
     built for the installed torch: torchvision/torchaudio pin one torch release, and a build for
-    another one fails at import (``operator torchvision::nms does not exist``)."""
-    installed = [(dist, module, _version(dist)) for dist, module in STACK if _version(dist)]
-    imported = _import_each([module for _, module, _ in installed], timeout)
+    another one fails at import (``operator torchvision::nms does not exist``). ``started``: the
+    handle of ``start_stack_imports()`` when the imports were started earlier."""
+    installed = _installed_stack()
+    imported = _import_results(started if started is not None else start_stack_imports(), timeout)
     out = []
     base = torch_version.split("+")[0]
     vision_fix = f"pip install 'torchvision=={_matching_release('torchvision', base)}.*' --index-url " \
@@ -247,6 +261,7 @@ def collect():
         checks.append({"check": name, "status": status, "detail": detail})
 
     checks += check_autoload_variable()  # before torch_npu's import touches the variable
+    stack_imports = start_stack_imports()  # runs while this process imports torch
     import torch
     import torch_npu
     check("torch version", "ok" if torch.__version__.split("+")[0] == "2.13.0" else "fail",
@@ -275,7 +290,7 @@ def collect():
     hccl = torch.distributed.is_available() and torch.distributed.is_backend_available("hccl")
     check("hccl backend", "ok" if hccl else "warn",
           "registered" if hccl else "not registered: distributed npu training cannot start")
-    checks += check_stack_imports(torch.__version__)
+    checks += check_stack_imports(torch.__version__, stack_imports)
     clients = _clients(available and count > 0)
     for c in clients:
         if c.get("warning"):
