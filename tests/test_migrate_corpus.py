@@ -4,7 +4,8 @@ losses (a) unchanged under ``transfer_to_npu``, (b) after ``torch-npu migrate --
 
 (a) and (b) run on the NPU and must agree exactly. The NPU computes what the CPU computes, so
 (c) must agree exactly too, except in scripts marked ``# corpus: amp`` (float16 autocast on the
-NPU, float32 on the CPU), compared with a relative tolerance of 2e-2.
+NPU, float32 on the CPU), compared with a relative tolerance of 2e-2. Scripts marked
+``# corpus: one-card`` see one NPU (``ASCEND_RT_VISIBLE_DEVICES=0``).
 """
 import concurrent.futures
 import os
@@ -34,6 +35,8 @@ def _values(out):
 
 
 def _run(script, env, port):
+    if "# corpus: one-card" in script.read_text():
+        env = dict(env, ASCEND_RT_VISIBLE_DEVICES=0)
     proc = subprocess.run([sys.executable, script.name, str(script.parent)], cwd=str(script.parent),
                           env=make_env(CORPUS_MASTER_PORT=port, **env), capture_output=True, text=True,
                           timeout=TIMEOUT_S)

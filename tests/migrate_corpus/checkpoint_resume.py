@@ -20,7 +20,7 @@ def train(model, opt, xs, ys, device, steps):
 def main():
     torch.manual_seed(5)
     device = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
-    print("device", device.type)
+    print("device", torch.empty(0, device=device).device.type)
     model = nn.Sequential(nn.Linear(6, 12), nn.Tanh(), nn.Linear(12, 1)).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     xs, ys = torch.randn(6, 8, 6), torch.randn(6, 8, 1)

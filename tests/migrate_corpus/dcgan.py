@@ -35,7 +35,7 @@ class Discriminator(nn.Module):
 def main():
     torch.manual_seed(999)
     device = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
-    print("device", device.type)
+    print("device", torch.empty(0, device=device).device.type)
     netG, netD = Generator(ngpu=1).to(device), Discriminator().to(device)
     criterion = nn.BCELoss()
     optD = torch.optim.Adam(netD.parameters(), lr=2e-4, betas=(0.5, 0.999))

@@ -28,7 +28,7 @@ def demo_basic(rank, world_size):
         ddp_model = DDP(model)
         device = torch.device("cpu")
     if rank == 0:
-        print("device", device.type, flush=True)
+        print("device", torch.empty(0, device=device).device.type, flush=True)
     loss_fn = nn.MSELoss()
     optimizer = torch.optim.SGD(ddp_model.parameters(), lr=0.01)
     g = torch.Generator().manual_seed(rank)

@@ -21,7 +21,7 @@ class TinyLM(nn.Module):
 
 def main():
     torch.manual_seed(42)
-    print("device", torch.device(device).type)
+    print("device", torch.empty(0, device=device).device.type)
     model = TinyLM().to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 3))

@@ -1,5 +1,9 @@
 """pytorch/examples imagenet style (--dummy data): the DataParallel fallback chosen by
-``device.type == 'cuda'``, cudnn.benchmark, ``.cuda(non_blocking=True)`` batches, top-1 accuracy."""
+``device.type == 'cuda'``, cudnn.benchmark, ``.cuda(non_blocking=True)`` batches, top-1 accuracy.
+Run on one card (as ``--gpu 0`` would): with more, its DataParallel path fails on the NPU under
+transfer_to_npu too; ``migrate --fix`` leaves that test as written.
+# corpus: one-card
+"""
 import torch
 import torch.backends.cudnn as cudnn
 import torch.nn as nn
@@ -16,7 +20,7 @@ def main():
         device = torch.device("cuda")
     else:
         device = torch.device("cpu")
-    print("device", device.type)
+    print("device", torch.empty(0, device=device).device.type)
     model = make_model()
     if device.type == 'cuda' and torch.cuda.device_count() > 1:
         # DataParallel will divide and allocate batch_size to all available GPUs

@@ -24,7 +24,7 @@ def main():
     use_cuda = torch.cuda.is_available()
     torch.manual_seed(1)
     device = torch.device("cuda" if use_cuda else "cpu")
-    print("device", device.type)
+    print("device", torch.empty(0, device=device).device.type)
     data = torch.randn(64, 1, 12, 12)
     target = torch.randint(0, 10, (64,))
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(data, target), batch_size=16,

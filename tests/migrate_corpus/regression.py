@@ -16,7 +16,7 @@ def make_features(x):
 def main():
     torch.manual_seed(0)
     dev = "cuda:0" if torch.cuda.is_available() else "cpu"
-    print("device", torch.device(dev).type)
+    print("device", torch.empty(0, device=dev).device.type)
     w_target = (torch.randn(POLY_DEGREE, 1) * 5).to(dev)
     b_target = (torch.randn(1) * 5).to(dev)
     fc = torch.nn.Linear(w_target.size(0), 1).to(dev)

@@ -23,11 +23,11 @@ class VAE(nn.Module):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--no-cuda", action="store_true", default=False)
-    args = parser.parse_args()
+    args, _ = parser.parse_known_args()
     args.cuda = not args.no_cuda and torch.cuda.is_available()
     torch.manual_seed(1)
     device = torch.device("cuda" if args.cuda else "cpu")
-    print("device", device.type)
+    print("device", torch.empty(0, device=device).device.type)
     kwargs = {"num_workers": 0, "pin_memory": True} if args.cuda else {}
     data = torch.rand(32, 36)
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(data), batch_size=8, **kwargs)

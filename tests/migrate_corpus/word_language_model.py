@@ -34,7 +34,7 @@ def main():
     if torch.cuda.is_available():
         torch.cuda.manual_seed(1111)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    print("device", device.type)
+    print("device", torch.empty(0, device=device).device.type)
     ntokens, bptt = 50, 8
     train_data = batchify(torch.randint(0, ntokens, (400,)), 5, device)
     model = RNNModel(ntokens, 16, 16, 2).to(device)
