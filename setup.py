@@ -23,8 +23,18 @@ setup(
     license="BSD-3-Clause",
     python_requires=">=3.9",
     packages=find_packages(include=["torch_npu", "torch_npu.*"]),
+    # The torch-npu console script: outside the package so that `torch-npu migrate` and
+    # `--help` start without importing torch (see torch_npu_cli.py).
+    py_modules=["torch_npu_cli"],
     package_data={"torch_npu": ["_data/*.txt"]},
-    install_requires=["torch==2.13.0", "numpy", "pyyaml", "click"],
+    # What `import torch_npu`, `torch_npu_run` and `torch-npu` need. The rest is optional and
+    # named by the command that needs it: `torch-npu migrate` -> [migrate] (libcst),
+    # torch_npu.testing -> [testing] (expecttest).
+    install_requires=["torch==2.13.0", "numpy", "pyyaml", "click>=8.0"],
+    extras_require={
+        "migrate": ["libcst>=1.1"],
+        "testing": ["expecttest"],
+    },
     ext_modules=[
         CppExtension(
             name="torch_npu._C",
@@ -43,7 +53,7 @@ setup(
         ],
         "console_scripts": [
             "torch_npu_run = torch_npu.distributed.run:_main",
-            "torch-npu = torch_npu.cli:main",
+            "torch-npu = torch_npu_cli:main",
         ],
     },
     zip_safe=False,

@@ -149,6 +149,7 @@ BAD = {
     "SET_NPU_DEVICE": _INT_BAD + ["-1", "64"],
     "DUMP_BASELINE": _FLAG_BAD,
     "TORCH_NPU_EMU_CANN_ENV": ["", "2", "yes", "true", "1 "],
+    "_TORCH_NPU_TRANSFER_NOTICES_SHOWN": _FLAG_BAD,
 }
 # Passed through untouched: any string is a value their owner accepts.
 ANY_STRING = {"TORCH_DEVICE_BACKEND_AUTOLOAD", "TORCH_NPU_LOGS_FILTER", "ASCEND_HOME_PATH", "DS_ACCELERATOR",

@@ -140,3 +140,37 @@ with torch.autograd.profiler.profile() as q:
 emit([str(x.device), "aten::mm" in names, "aten::mm" in {e.key for e in q.key_averages()}])
 """)
     assert out == ["npu:0", True, True]
+
+
+_NOTICES = r'''
+import os, subprocess, sys, warnings
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    import torch, torch_npu
+    import torch_npu.contrib.transfer_to_npu
+def count(ws):
+    return [sum(1 for w in ws if issubclass(w.category, ImportWarning) and "hccl" in str(w.message)),
+            sum(1 for w in ws if issubclass(w.category, RuntimeWarning) and "torch.jit.script" in str(w.message))]
+# A "rank" this process starts, as torch_npu_run / torchrun / mp.spawn do: it inherits the environment.
+child = ("import warnings, json\nwith warnings.catch_warnings(record=True) as ws:\n"
+         "    warnings.simplefilter('always')\n    import torch, torch_npu.contrib.transfer_to_npu\n"
+         "print(json.dumps([sum(1 for w in ws if issubclass(w.category, ImportWarning) and 'hccl' in str(w.message)),"
+         " sum(1 for w in ws if issubclass(w.category, RuntimeWarning) and 'torch.jit.script' in str(w.message))]))")
+ranks = []
+for rank in ("0", "1"):
+    env = dict(os.environ, RANK=rank, LOCAL_RANK=rank)
+    out = subprocess.run([sys.executable, "-c", child], env=env, capture_output=True, text=True, timeout=120)
+    ranks.append(__import__("json").loads(out.stdout.strip().splitlines()[-1]))
+emit({"launcher": count(caught), "ranks": ranks})
+'''
+
+
+def test_banner_and_jit_warning_once_per_job_unless_verbose():
+    out = run_many({
+        "quiet": (_NOTICES, {"ASCEND_GLOBAL_LOG_LEVEL": None}),
+        "verbose": (_NOTICES, {"ASCEND_GLOBAL_LOG_LEVEL": "1"}),
+    }, timeout=400)
+    # The launcher prints the banner and the jit warning; the ranks it starts print nothing.
+    assert result(out, "quiet") == {"launcher": [1, 1], "ranks": [[0, 0], [0, 0]]}
+    # ASCEND_GLOBAL_LOG_LEVEL=1 (info): every process prints them, as before.
+    assert result(out, "verbose") == {"launcher": [1, 1], "ranks": [[1, 1], [1, 1]]}

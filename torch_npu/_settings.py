@@ -208,6 +208,10 @@ _ALL: List[Setting] = [
             "Invalid value for {name}: {value}. Only '0' or '1' is supported."), False,
             "1: apply torch_npu.contrib.transfer_to_npu (CUDA calls go to npu) once the package is ready.",
             "torch_npu/__init__.py", "import"),
+    Setting("_TORCH_NPU_TRANSFER_NOTICES_SHOWN", _FLAG, False,
+            "Internal: 1 once transfer_to_npu printed its banner and one-time warnings in a parent "
+            "process (launcher, rank 0, mp.spawn parent), so the processes it starts stay quiet.",
+            "torch_npu/contrib/transfer_to_npu.py", "call"),
     Setting("TORCH_NPU_EMU_AUTOGRAD_THREADS", _FLAG, False,
             "1: keep PyTorch's per-device autograd threads for npu backward (default: the calling thread).",
             "torch_npu/__init__.py", "import"),

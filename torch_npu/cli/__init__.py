@@ -9,11 +9,14 @@ Sub-commands, one module each:
 """
 import click
 
-from torch_npu.cli.doctor import doctor
-from torch_npu.cli.env import env
-from torch_npu.cli.info import info
-from torch_npu.cli.migrate import migrate
-from torch_npu.cli.preflight import preflight
+# Relative imports, and torch only inside the commands that need it: the console script
+# (torch_npu_cli.py) loads this package without importing torch_npu, so that `migrate`
+# and `--help` start without torch.
+from .doctor import doctor
+from .env import env
+from .info import info
+from .migrate import migrate
+from .preflight import preflight
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

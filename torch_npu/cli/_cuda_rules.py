@@ -16,7 +16,16 @@ Kinds:
   cudnn-flag           ``torch.backends.cudnn/cuda.*``      (no effect on the NPU; manual)
   nccl                 ``"nccl"``, ``"cuda:nccl"``          -> ``"hccl"``, ``"npu:hccl"``
   cuda-visible-devices ``"CUDA_VISIBLE_DEVICES"``           -> ``"ASCEND_RT_VISIBLE_DEVICES"``
-  cuda-library         flash_attn, apex, xformers, bitsandbytes, triton, CUDAExtension… (manual)
+  cuda-library         flash_attn, apex, xformers, bitsandbytes, triton, CUDAExtension,
+                       cpp_extension.load(… .cu) / load_inline(cuda_sources=…)       (manual)
+  data-parallel        ``nn.DataParallel``                  (no NPU version: DDP + torch_npu_run; manual)
+  data-parallel-guard  ``x.type == "cuda"``, ``torch.cuda.is_available()``… in the test of an ``if``
+                       (or ``a if test else b``) whose branches use DataParallel: rewriting it would
+                       send the script into the DataParallel path, which fails on the NPU (manual)
+  nvidia-smi           a command line naming ``nvidia-smi``  (npu-smi / torch.npu queries; manual)
+
+Only rewrites that keep a working script working are ``fixable``; everything with no NPU
+equivalent is reported with advice and left as it is.
 """
 import dataclasses
 import re
@@ -25,11 +34,22 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import MetadataWrapper, PositionProvider, QualifiedNameProvider
 
-from torch_npu.cli import _npu_names
+from . import _npu_names
 
 _DEVICE = re.compile(r"cuda(:(\d+|%d|%s|\{\w*\}))?")
 _BACKEND = re.compile(r"((cpu|cuda):\w+,)*(cpu|cuda):nccl(,(cpu|cuda):\w+)*|nccl")
 _DEVICE_KWARG_KINDS = {"map_location": "map-location", "pin_memory_device": "pin-memory-device"}
+_DATA_PARALLEL = {"torch.nn.DataParallel", "torch.nn.parallel.DataParallel",
+                  "torch.nn.parallel.data_parallel.DataParallel", "torch.nn.parallel.data_parallel",
+                  "torch.nn.parallel.data_parallel.data_parallel"}
+_DATA_PARALLEL_HINT = ("DataParallel does not run on the NPU: use DistributedDataParallel (backend 'hccl'), "
+                       "one process per device, launched by torch_npu_run --nproc-per-node N; manual")
+_DP_GUARD_HINT = ("decides whether to take a DataParallel path: rewritten for the NPU it would enter that "
+                  "path, which fails there; port the DataParallel branch (DDP + torch_npu_run) first; manual")
+_CPP_EXTENSION_LOADERS = {"torch.utils.cpp_extension.load", "torch.utils.cpp_extension.load_inline"}
+_CUDA_SOURCE = re.compile(r".*\.(cu|cuh)")
+_NVIDIA_SMI_HINT = ("npu-smi info on an Ascend host; in Python torch.npu.mem_get_info() / "
+                    "torch.npu.utilization(); manual")
 
 
 @dataclasses.dataclass
@@ -58,7 +78,10 @@ class _CudaRules(cst.CSTTransformer):
         self.fix = fix
         self.findings = []
         self._kwarg_stack = []  # keyword names of the arguments we are inside
+        self._compare_depth = 0  # inside a comparison (==, !=, in, ...)
+        self._dp_guard_depth = 0  # inside the test of an if/elif/ternary whose branches use DataParallel
         self.imports_torch_npu = False
+        self._dp_guards = []
 
     # -- helpers --------------------------------------------------------------------------------
 
@@ -89,6 +112,38 @@ class _CudaRules(cst.CSTTransformer):
         self._kwarg_stack.pop()
         return updated
 
+    # -- tests of branches that use DataParallel ---------------------------------------------------
+
+    def _uses_data_parallel(self, nodes):
+        for node in nodes:
+            for found in m.findall(node, m.Name("DataParallel") | m.Name("data_parallel")):
+                del found
+                return True
+        return False
+
+    def visit_If_test(self, node):
+        if self._uses_data_parallel([node.body] + ([node.orelse] if node.orelse else [])):
+            self._dp_guard_depth += 1
+            self._dp_guards.append(node)
+
+    def leave_If_test(self, node):
+        if self._dp_guards and self._dp_guards[-1] is node:
+            self._dp_guards.pop()
+            self._dp_guard_depth -= 1
+
+    def visit_IfExp_test(self, node):
+        self.visit_If_test(node)
+
+    def leave_IfExp_test(self, node):
+        self.leave_If_test(node)
+
+    def visit_Comparison(self, node):
+        self._compare_depth += 1
+
+    def leave_Comparison(self, original, updated):
+        self._compare_depth -= 1
+        return updated
+
     # -- strings ------------------------------------------------------------------------------
 
     def leave_SimpleString(self, original, updated):
@@ -97,6 +152,12 @@ class _CudaRules(cst.CSTTransformer):
         except Exception:
             return updated
         if not isinstance(value, str):
+            return updated
+        if "nvidia-smi" in value:
+            self._add(original, "nvidia-smi", _NVIDIA_SMI_HINT, False)
+            return updated
+        if _DEVICE.fullmatch(value) and self._compare_depth and self._dp_guard_depth:
+            self._add(original, "data-parallel-guard", _DP_GUARD_HINT, False)
             return updated
         if _DEVICE.fullmatch(value):
             new = updated.value.replace("cuda", "npu", 1)
@@ -128,6 +189,9 @@ class _CudaRules(cst.CSTTransformer):
 
     def leave_Attribute(self, original, updated):
         attr = original.attr.value
+        if attr == "is_cuda" and self._dp_guard_depth:
+            self._add(original, "data-parallel-guard", _DP_GUARD_HINT, False)
+            return updated
         if attr == "is_cuda":
             self._add(original, "is-cuda", _code(original.value) + ".is_npu", True)
             return updated.with_changes(attr=cst.Name("is_npu")) if self.fix else updated
@@ -138,6 +202,9 @@ class _CudaRules(cst.CSTTransformer):
             if parts[:2] == ["torch", "backends"] and len(parts) == 4 and parts[2] in ("cudnn", "cuda"):
                 self._add(original, "cudnn-flag", _cudnn_hint(parts[2], parts[3]), False)
                 return updated
+            if name in _DATA_PARALLEL:
+                self._add(original, "data-parallel", _DATA_PARALLEL_HINT, False)
+                return updated
             if name == "torch.distributed.is_nccl_available":
                 self._add(original, "nccl", "torch_npu.distributed.is_hccl_available", False)
                 return updated
@@ -147,6 +214,9 @@ class _CudaRules(cst.CSTTransformer):
         return updated
 
     def _torch_cuda(self, original, updated, name):
+        if self._dp_guard_depth:
+            self._add(original, "data-parallel-guard", _DP_GUARD_HINT, False)
+            return updated
         rewritable = m.matches(original.value, m.Attribute(attr=m.Name("cuda")))
         if name == "amp":
             kind, target, known = "cuda-amp", "amp", True
@@ -165,10 +235,28 @@ class _CudaRules(cst.CSTTransformer):
         return updated.with_changes(value=updated.value.with_changes(attr=cst.Name("npu")),
                                     attr=cst.Name(target))
 
+    def visit_Attribute_attr(self, node):
+        self._in_attr = getattr(self, "_in_attr", 0) + 1
+
+    def leave_Attribute_attr(self, node):
+        self._in_attr -= 1
+
+    def leave_Name(self, original, updated):
+        # A bare name imported from torch.nn (``DataParallel(model)``); ``nn.DataParallel`` is
+        # judged as an attribute.
+        if original.value in ("DataParallel", "data_parallel") and not getattr(self, "_in_attr", 0):
+            if self._qualified(original) & _DATA_PARALLEL:
+                self._add(original, "data-parallel", _DATA_PARALLEL_HINT, False)
+        return updated
+
     # -- calls: x.cuda(...) -------------------------------------------------------------------
 
     def leave_Call(self, original, updated):
         func = original.func
+        if self._qualified(func) & _CPP_EXTENSION_LOADERS and _builds_cuda_sources(original):
+            self._add(original, "cuda-library", _npu_names.CUDA_LIBRARIES["torch.utils.cpp_extension.CUDAExtension"],
+                      False)
+            return updated
         if isinstance(func, cst.Attribute) and func.attr.value == "cuda":
             if any(n.startswith("torch.cuda") for n in self._qualified(func)):
                 return updated  # torch.cuda(...) is not a tensor method
@@ -219,6 +307,22 @@ class _CudaRules(cst.CSTTransformer):
         fixed = updated.with_changes(module=cst.parse_expression(target))
         self._add(original, kind, _code(fixed) if known else "manual port", known)
         return fixed if (self.fix and known) else updated
+
+
+def _builds_cuda_sources(call):
+    """Whether a ``cpp_extension.load``/``load_inline`` call compiles CUDA code."""
+    for arg in call.args:
+        keyword = arg.keyword.value if arg.keyword else None
+        if keyword == "cuda_sources" or (keyword == "with_cuda" and m.matches(arg.value, m.Name("True"))):
+            return True
+        for s in m.findall(arg.value, m.SimpleString()):
+            try:
+                value = s.evaluated_value
+            except Exception:
+                continue
+            if isinstance(value, str) and _CUDA_SOURCE.fullmatch(value):
+                return True
+    return False
 
 
 def _cudnn_hint(backend, flag):

@@ -2,15 +2,45 @@
 
 Exit code: 0 when nothing is left to port, 1 when findings remain (after ``--fix``: the ones
 it could not fix), 2 when a file could not be parsed.
+
+Fast by construction: nothing here imports torch (the rules are source-text facts), a file
+whose text names nothing CUDA-related is not parsed at all, and many files are scanned by
+several processes.
 """
+import concurrent.futures
 import difflib
 import json
+import multiprocessing
 import os
+import re
 
 import click
-import libcst
 
-from torch_npu.cli import _cuda_rules
+from . import _npu_names
+
+MISSING_LIBCST = ("torch-npu migrate needs libcst, which is not installed: "
+                  "pip install 'libcst>=1.1' (or install torch_npu with its [migrate] extra)")
+
+
+def _rules():
+    """The rule module (it needs libcst); a ClickException naming the fix when libcst is absent."""
+    try:
+        from . import _cuda_rules
+    except ModuleNotFoundError as e:
+        if e.name != "libcst" and not (e.name or "").startswith("libcst."):
+            raise
+        raise click.ClickException(MISSING_LIBCST) from None
+    return _cuda_rules
+
+
+# Every rule needs one of these words in the source text (names are matched as written, strings
+# by value, and a string spelling "cuda" with escapes is the one case this misses): a file
+# without any cannot have a finding, and is not parsed.
+_TRIGGER = re.compile("|".join(["cuda", "cudnn", "nccl", "nvidia", "nvtx", "dataparallel", "data_parallel",
+                                "cpp_extension"] + sorted({k.split(".")[0] for k in _npu_names.CUDA_LIBRARIES} - {"torch"})),
+                      re.IGNORECASE)
+# Below this many files to parse, worker processes cost more than they save.
+_PARALLEL_MIN_FILES = 16
 
 _SKIP_DIRS = {".git", ".hg", ".svn", "__pycache__", ".venv", "venv", "site-packages", "node_modules", ".tox",
               "build", "dist"}
@@ -46,6 +76,46 @@ def _text_report(results, fixed):
     return "\n".join(lines)
 
 
+def _scan(path, rewrite):
+    """One file: ``(findings, source, new_source, error)``; ``new_source`` only when ``rewrite``."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            source = f.read()
+    except (UnicodeDecodeError, OSError) as e:
+        return [], None, None, _first_line(e)
+    if not _TRIGGER.search(source):
+        return [], source, source, None
+    from . import _cuda_rules
+    import libcst
+    try:
+        findings, new_source = _cuda_rules.check(source, fix=rewrite)
+    except libcst.ParserSyntaxError as e:
+        return [], source, None, _first_line(e)
+    return findings, source, new_source, None
+
+
+def _first_line(e):
+    text = str(e).strip()
+    return text.splitlines()[0] if text else repr(e)
+
+
+def _scan_all(paths, rewrite, jobs):
+    """``_scan`` of every path, in order; in ``jobs`` processes when there are many files to parse."""
+    paths = list(paths)
+    if jobs is None:
+        jobs = os.cpu_count() or 1
+    if jobs > 1 and len(paths) >= _PARALLEL_MIN_FILES:
+        try:
+            context = multiprocessing.get_context("fork")
+        except ValueError:  # no fork (Windows, macOS default): one process
+            context = None
+        if context is not None:
+            with concurrent.futures.ProcessPoolExecutor(max_workers=min(jobs, len(paths) // 8 or 1),
+                                                        mp_context=context) as pool:
+                return list(pool.map(_scan, paths, [rewrite] * len(paths), chunksize=4))
+    return [_scan(path, rewrite) for path in paths]
+
+
 @click.command()
 @click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True))
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
@@ -54,18 +124,18 @@ def _text_report(results, fixed):
                                           "comments kept).")
 @click.option("--diff", "show_diff", is_flag=True, help="Print the --fix rewrite as a unified diff; change "
                                                         "no file.")
+@click.option("--jobs", "-j", type=click.IntRange(min=1), default=None,
+              help="Processes that scan files (default: the number of CPUs).")
 @click.pass_context
-def migrate(ctx, paths, fmt, fix, show_diff):
+def migrate(ctx, paths, fmt, fix, show_diff, jobs):
     """Find CUDA-only constructs in Python files and say what to use on the NPU."""
+    _rules()  # libcst present, or a clear message before any work
     results, errors, fixed = [], [], 0
     diffs = []
-    for path in python_files(paths):
-        try:
-            with open(path, encoding="utf-8") as f:
-                source = f.read()
-            findings, new_source = _cuda_rules.check(source, fix=fix or show_diff)
-        except (libcst.ParserSyntaxError, UnicodeDecodeError, OSError) as e:
-            errors.append({"path": path, "error": str(e).strip().splitlines()[0] if str(e).strip() else repr(e)})
+    files = list(python_files(paths))
+    for path, (findings, source, new_source, error) in zip(files, _scan_all(files, fix or show_diff, jobs)):
+        if error is not None:
+            errors.append({"path": path, "error": error})
             continue
         if (fix or show_diff) and new_source != source:
             if show_diff:

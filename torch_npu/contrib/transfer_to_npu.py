@@ -12,11 +12,15 @@ at run time, as the real tool does:
   ``is_nccl_available``, ``ProcessGroupNCCL``, no default ``cuda`` backend;
 - autocast device-type queries, the profiler, ``torch.jit.script`` (disabled),
   triton detection (off), and the client-library shims;
-- a once-only banner (``ImportWarning``, rank 0 only when distributed).
+- a banner (``ImportWarning``) and the jit warning, once per job: in the first process that
+  patches (the launcher with ``TORCH_TRANSFER_TO_NPU=1``, or rank 0, or the parent of
+  ``mp.spawn`` workers), never again in the ranks or children it starts;
+  ``ASCEND_GLOBAL_LOG_LEVEL`` 0 or 1 (debug, info) prints them in every process.
 
 Importing twice patches once (Python caches the module).
 """
 import importlib
+import os
 import sys
 import warnings
 
@@ -32,6 +36,10 @@ warnings.filterwarnings(action="once")
 
 # torch.cuda.is_available before patching: what the client-library shims restore.
 _cuda_is_available = torch.cuda.is_available
+
+# Set in the environment once the banner and warnings were shown, so that the processes this one
+# starts (torch_npu_run / torchrun ranks, mp.spawn workers, subprocesses) inherit "shown".
+_NOTICES_SHOWN = "_TORCH_NPU_TRANSFER_NOTICES_SHOWN"
 
 _JIT_WARNING = ("torch.jit.script and torch.jit.script_method will be disabled by transfer_to_npu, "
                 "which currently does not support them, if you need to enable them, please do not use "
@@ -217,8 +225,9 @@ def _patch_profiler():
         torch.profiler.profile = _NpuOnlyConfigProfile
 
 
-def _patch_jit():
-    warnings.warn(_JIT_WARNING, RuntimeWarning)
+def _patch_jit(notices):
+    if notices:
+        warnings.warn(_JIT_WARNING, RuntimeWarning)
 
     def script(obj, optimize=None, _frames_up=0, _rcb=None, example_inputs=None):
         return obj
@@ -253,6 +262,7 @@ def _patch_triton_and_inductor():
 
 
 def _banner():
+    """The real tool's banner text, as an ImportWarning."""
     wrapped = (["torch." + n for n in targets.TORCH_FUNCTIONS]
                + ["torch.Tensor." + n for n in targets.TENSOR_METHODS]
                + ["torch.nn.Module." + n for n in targets.MODULE_METHODS])
@@ -267,26 +277,38 @@ def _banner():
         "    The device parameters have been replaced with npu in the function below:\n"
         "    " + ", ".join(wrapped) + "\n"
         "    " + "*" * 109 + "\n    ")
+    warnings.warn(text, ImportWarning)
+
+
+def _verbose():
+    """ASCEND_GLOBAL_LOG_LEVEL debug (0) or info (1): every process prints the notices."""
+    return _settings.get("ASCEND_GLOBAL_LOG_LEVEL") in (0, 1)
+
+
+def _notices_wanted():
+    """Whether this process prints the banner and the one-time warnings (once per job)."""
+    if _verbose():
+        return True
+    if _settings.get(_NOTICES_SHOWN):
+        return False  # the launcher or a parent process printed them
     dist = torch.distributed
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        if dist.get_rank() == 0:
-            warnings.warn(text, ImportWarning)
-    elif _settings.get("RANK") is not None:
-        if _settings.get("RANK") == 0:
-            warnings.warn(text, ImportWarning)
-    else:
-        warnings.warn(text, ImportWarning)
+        return dist.get_rank() == 0
+    return _settings.get("RANK") in (None, 0)
 
 
 def _init():
-    _banner()
+    notices = _notices_wanted()
+    if notices:
+        _banner()
+        os.environ[_NOTICES_SHOWN] = "1"
     _patch_cuda_modules()
     _patch_profiler()
     _patch_device_arguments()
     _patch_cuda_methods()
     _patch_autocast()
     _patch_distributed()
-    _patch_jit()
+    _patch_jit(notices)
     _patch_triton_and_inductor()
     libraries.install(_cuda_is_available)
 

@@ -20,7 +20,13 @@ import warnings
 import numpy as np
 import torch
 
-import expecttest
+try:
+    import expecttest
+except ModuleNotFoundError as _e:
+    if _e.name != "expecttest":
+        raise
+    raise ModuleNotFoundError("torch_npu.testing needs expecttest, which is not installed: pip install expecttest "
+                              "(or install torch_npu with its [testing] extra)", name="expecttest") from None
 from torch_npu import _settings
 
 from torch_npu.testing.common_utils import is_iterable, set_npu_device
