@@ -146,7 +146,8 @@ def check_emulator_settings():
         try:
             _settings.get(name)
         except _settings.SettingError as e:
-            out.append(_finding(name, "fail", f"{e}. Fix: correct or unset {name} (see docs/settings.md)"))
+            out.append(_finding("emulator settings", "fail",
+                                f"{e}. Fix: correct or unset {name} (see docs/settings.md)"))
     if not out:
         out.append(_finding("emulator settings", "ok", "every torch_npu variable that is set parses"))
     return out
@@ -283,6 +284,7 @@ def collect():
     stack_imports = start_stack_imports()  # runs while this process imports torch
     import torch
     import torch_npu
+    from torch_npu import _settings
     check("torch version", "ok" if torch.__version__.split("+")[0] == "2.13.0" else "fail",
           f"torch {torch.__version__} (torch_npu {torch_npu.__version__} needs 2.13.0)")
     checks += check_torch_npu_distributions()
@@ -323,7 +325,7 @@ def collect():
         "torch_npu_path": os.path.dirname(torch_npu.__file__),
         "cann (emulated)": torch_npu.emulator.cann_version(),
         "emulator": torch_npu.emulator.config(),
-        "settings": {k: os.environ.get(k) for k in SETTINGS},
+        "settings": {k: _settings.raw(k) for k in SETTINGS},
         "devices": devices,
         "clients": clients,
         "checks": checks,
