@@ -55,17 +55,10 @@ EXCLUSIONS = {
 # failures are expected (counted as "known") and do not fail the kind, but an
 # entry none of whose tests fails in a run fails the driver (remove it then).
 # Keys and kinds as for EXCLUSIONS (plain names: the VALUE_KINDS).
-_RNN = ("BUG: the npu module's result differs from the CPU's in the last bits: npu takes the non-oneDNN "
-        "RNN path and the fused _thnn cell kernels (csrc/aten/RnnCellKernels.cpp; the RNN issue, reported)")
 KNOWN_FAILURES = {
     "variant_consistency:addr": "BUG: addr_ on a self that is not 2-D raises on CPU but resizes on npu: addr_out "
                                 "tells in-place from out= by C++ reference identity (&result == &self), which "
                                 "a boxed kernel's stack cannot keep (reported)",
-    "nn.LSTM": _RNN,
-    "nn.LSTMCell": _RNN,
-    "nn.GRU": _RNN,
-    "nn.GRUCell": _RNN,
-    "nn.RNN": _RNN,
 }
 
 
