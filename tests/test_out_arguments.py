@@ -229,3 +229,17 @@ def test_cat_into_one_of_its_inputs_raises_as_on_cpu():
         x = torch.randn(4, 6, device=dev)
         with pytest.raises(RuntimeError, match="the written-to tensor refer to a single memory location"):
             torch.cat([x, x], dim=0, out=x)
+
+
+def test_addr_in_place_on_a_self_that_is_not_2d_raises_as_on_cpu():
+    # addr_'s composite tells in-place from out= by reference identity: on npu
+    # it runs on the CPU alias, so a 1-D self is rejected, not resized.
+    v = torch.arange(1.0, 4.0)
+    for dev in ("cpu", "npu"):
+        s = torch.zeros(3, device=dev)
+        with pytest.raises(RuntimeError, match=re.escape("2D tensor expected, got 1D tensor for input")):
+            s.addr_(v.to(dev), v.to(dev))
+        assert s.shape == (3,)
+    s2 = torch.ones(3, 3).npu()
+    s2.addr_(v.npu(), v.npu(), beta=2.0, alpha=0.5)
+    assert torch.equal(s2.cpu(), torch.ones(3, 3).addr_(v, v, beta=2.0, alpha=0.5))

@@ -391,6 +391,13 @@ KernelRegistration register_explicit_cpu_kernels(const std::unordered_set<std::s
   static KernelRegistration counts;
   if (lib != nullptr) return counts;
   lib = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+  // addr_ has only a composite kernel, which calls addr_out(self, self, ...) and
+  // tells in-place from out= by reference identity (&result == &self). On npu
+  // that composite would call the boxed addr_out, whose two stack slots are
+  // never the same reference, so a non-2-D self would be resized instead of
+  // rejected. Running the composite itself on the CPU alias keeps the identity.
+  lib->impl("addr_", torch::CppFunction::makeFromBoxedFunction<&npu_cpu_kernel>());
+  ++counts.zero_copy_explicit;
   auto& dispatcher = c10::Dispatcher::singleton();
   for (const auto& name : dispatcher.getAllOpNames()) {
     auto op = dispatcher.findOp(name);

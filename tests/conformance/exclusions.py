@@ -55,11 +55,7 @@ EXCLUSIONS = {
 # failures are expected (counted as "known") and do not fail the kind, but an
 # entry none of whose tests fails in a run fails the driver (remove it then).
 # Keys and kinds as for EXCLUSIONS (plain names: the VALUE_KINDS).
-KNOWN_FAILURES = {
-    "variant_consistency:addr": "BUG: addr_ on a self that is not 2-D raises on CPU but resizes on npu: addr_out "
-                                "tells in-place from out= by C++ reference identity (&result == &self), which "
-                                "a boxed kernel's stack cannot keep (reported)",
-}
+KNOWN_FAILURES = {}
 
 
 def known_failure(kind, name):
