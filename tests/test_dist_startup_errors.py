@@ -126,7 +126,7 @@ def test_every_rank_raises_the_same_clear_error_in_time(outcomes, case):
     else:
         odd = int(case.rsplit("odd", 1)[1])
         assert re.search(rf"rank {odd} \([^)]*\) has an invalid setting: HCCL_EXEC_TIMEOUT must be an integer "
-                         r"number of seconds, got 'soon'", message), message
+                         r"number of seconds from 1 to 2147483647, got 'soon'", message), message
     # A fault found at start-up is raised at once: far within HCCL_CONNECT_TIMEOUT. (The exit
     # that follows is the interpreter's teardown, which takes long only on an overloaded machine.)
     last_start = max(o["start"] for o in got.values())

@@ -150,8 +150,9 @@ def _settle(report, script, script_args, transfer, returncode, killed, max_secon
             + ("it was in a call that does not return to Python" if started_script
                else "still starting, or in a call that does not return to Python")
             + ") and was killed; only its step counts are known"))
-    elif killed:
+    elif killed and report.get("partial"):
         report["partial"] = f"killed at the {max_seconds:g} s limit while computing op times; they are missing"
+    # else killed after its last report was complete (in interpreter teardown): nothing is missing
     elif not finished_script or (returncode != 0 and report.get("partial")):
         report.update(outcome="crashed", error=f"the run ended with exit status {returncode}"
                       + (f" (signal {-returncode})" if returncode < 0 else "") + " before its report was complete")
