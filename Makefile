@@ -19,7 +19,7 @@ $(VENV)/.deps:
 		echo "==> $(VENV) is incomplete (an interrupted set-up?): removing it to start over"; rm -rf $(VENV); fi
 	@$(STEP) "create the virtual environment $(VENV)" -- $(PYTHON) -m venv $(VENV)
 	@$(STEP) "install torch 2.13.0 and the build/test packages into $(VENV) (pip, one line per package)" -- \
-	$(PY) -m pip install --progress-bar off --disable-pip-version-check torch==2.13.0 numpy pyyaml pytest expecttest ninja "setuptools>=61" wheel click libcst hypothesis torch-tb-profiler en_dtypes matplotlib
+	$(PY) -m pip install --progress-bar off --disable-pip-version-check torch==2.13.0 numpy pyyaml pytest expecttest ninja "setuptools>=61" wheel click hypothesis torch-tb-profiler en_dtypes matplotlib
 	@touch $@
 
 $(VENV)/.built: $(VENV)/.deps $(SOURCES)
@@ -54,6 +54,7 @@ test-wheel: install
 
 bench: install
 	$(PY) bench/run.py
+	$(PY) bench/migrate_bench.py
 
 clean:
 	rm -rf build *.egg-info torch_npu/_C*.so $(VENV)

@@ -28,11 +28,12 @@ setup(
     py_modules=["torch_npu_cli"],
     package_data={"torch_npu": ["_data/*.txt"]},
     # What `import torch_npu`, `torch_npu_run` and `torch-npu` need. The rest is optional and
-    # named by the command that needs it: `torch-npu migrate` -> [migrate] (libcst),
-    # torch_npu.testing -> [testing] (expecttest).
+    # named by the part that needs it: torch_npu.testing -> [testing] (expecttest).
+    # [migrate] stays, empty, for installs that name it: `torch-npu migrate` parses with the
+    # standard library's ast since it stopped needing libcst.
     install_requires=["torch==2.13.0", "numpy", "pyyaml", "click>=8.0"],
     extras_require={
-        "migrate": ["libcst>=1.1"],
+        "migrate": [],
         "testing": ["expecttest"],
     },
     ext_modules=[

@@ -3,9 +3,9 @@
 Exit code: 0 when nothing is left to port, 1 when findings remain (after ``--fix``: the ones
 it could not fix), 2 when a file could not be parsed.
 
-Fast by construction: nothing here imports torch (the rules are source-text facts), a file
-whose text names nothing CUDA-related is not parsed at all, and many files are scanned by
-several processes.
+Fast by construction: nothing here imports torch (the rules are source-text facts), the parser
+is the standard library's ``ast``, a file whose text names nothing CUDA-related is not parsed at
+all, and many files are scanned by several processes.
 """
 import concurrent.futures
 import difflib
@@ -17,21 +17,6 @@ import re
 import click
 
 from . import _npu_names
-
-MISSING_LIBCST = ("torch-npu migrate needs libcst, which is not installed: "
-                  "pip install 'libcst>=1.1' (or install torch_npu with its [migrate] extra)")
-
-
-def _rules():
-    """The rule module (it needs libcst); a ClickException naming the fix when libcst is absent."""
-    try:
-        from . import _cuda_rules
-    except ModuleNotFoundError as e:
-        if e.name != "libcst" and not (e.name or "").startswith("libcst."):
-            raise
-        raise click.ClickException(MISSING_LIBCST) from None
-    return _cuda_rules
-
 
 # Every rule needs one of these words in the source text (names are matched as written, strings
 # by value, and a string spelling "cuda" with escapes is the one case this misses): a file
@@ -86,10 +71,11 @@ def _scan(path, rewrite):
     if not _TRIGGER.search(source):
         return [], source, source, None
     from . import _cuda_rules
-    import libcst
     try:
         findings, new_source = _cuda_rules.check(source, fix=rewrite)
-    except libcst.ParserSyntaxError as e:
+    except SyntaxError as e:
+        return [], source, None, f"line {e.lineno}: {e.msg}" if e.lineno else _first_line(e)
+    except (ValueError, RecursionError, MemoryError) as e:  # a NUL byte; nesting too deep for the parser
         return [], source, None, _first_line(e)
     return findings, source, new_source, None
 
@@ -129,7 +115,6 @@ def _scan_all(paths, rewrite, jobs):
 @click.pass_context
 def migrate(ctx, paths, fmt, fix, show_diff, jobs):
     """Find CUDA-only constructs in Python files and say what to use on the NPU."""
-    _rules()  # libcst present, or a clear message before any work
     results, errors, fixed = [], [], 0
     diffs = []
     files = list(python_files(paths))
