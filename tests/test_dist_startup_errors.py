@@ -8,8 +8,9 @@ the test asserts that every rank exits non-zero, that the last line of each rank
 traceback is the same ``DistBackendError`` naming the fault, and the time bound.
 
 Faults, with 2 and 3 ranks and each rank in turn the odd one out: a world size that
-disagrees (the odd rank was launched with one more), and an invalid HCCL_* value on
-one rank (2 ranks, each in turn). All groups start at once (most of the time is
+disagrees (the odd rank was launched with one more), a backend that disagrees (the odd
+rank calls ``init_process_group("gloo")``), and an invalid HCCL_* value on one rank
+(2 ranks, each in turn). All groups start at once (most of the time is
 ``import torch``); the time bound counts from the moment the last rank of a group
 entered ``init_process_group``.
 """
@@ -33,7 +34,7 @@ signal.alarm(int(os.environ["WORKER_ALARM_S"]))  # never outlive the test
 import torch, torch.distributed as dist, torch_npu
 print("init-start", time.time(), file=sys.stderr, flush=True)
 try:
-    dist.init_process_group("hccl")
+    dist.init_process_group(os.environ.get("WORKER_BACKEND", "hccl"))
 except BaseException:
     print("init-raised", time.time(), file=sys.stderr, flush=True)
     raise
@@ -45,6 +46,8 @@ for _n in (2, 3):
     for _odd in range(_n):
         _CASES[f"world_size-{_n}ranks-odd{_odd}"] = [
             {"RANK": r, "WORLD_SIZE": _n + 1 if r == _odd else _n} for r in range(_n)]
+        _CASES[f"backend-{_n}ranks-odd{_odd}"] = [
+            {"RANK": r, "WORLD_SIZE": _n, **({"WORKER_BACKEND": "gloo"} if r == _odd else {})} for r in range(_n)]
         if _n == 2:
             _CASES[f"bad_setting-{_n}ranks-odd{_odd}"] = [
                 {"RANK": r, "WORLD_SIZE": _n, **({"HCCL_EXEC_TIMEOUT": "soon"} if r == _odd else {})}
@@ -123,6 +126,10 @@ def test_every_rank_raises_the_same_clear_error_in_time(outcomes, case):
     if case.startswith("world_size"):
         assert "world size mismatch" in message
         assert f"world_size={n}" in message and f"world_size={n + 1}" in message, message
+    elif case.startswith("backend"):
+        odd = int(case.rsplit("odd", 1)[1])
+        assert "backend mismatch" in message and "initialised 'gloo'" in message, message
+        assert re.search(rf"rank {odd} \([^)]*\) initialised 'gloo'", message), message
     else:
         odd = int(case.rsplit("odd", 1)[1])
         assert re.search(rf"rank {odd} \([^)]*\) has an invalid setting: HCCL_EXEC_TIMEOUT must be an integer "

@@ -98,21 +98,26 @@ def _fail_together(store, prefix, group_id, rank, message, expected, deadline):
     raise dist.DistBackendError(verdict["text"])
 
 
-def _check_peers(store, rank, size, group_id, timeout_s, settings_error=None):
+def _check_peers(store, rank, size, group_id, timeout_s, settings_error=None, backend="hccl"):
     """Every rank publishes what it believes about the group and checks its peers.
 
     Faults, each reported by every rank with the same DistBackendError text (the verdict
     of ``_fail_together``): two processes with the same rank, different world sizes, an
     invalid HCCL_* setting on some rank (``settings_error``: that rank still takes part,
-    so its peers learn why instead of waiting), or ranks that did not join within
-    ``timeout_s`` (HCCL_CONNECT_TIMEOUT: dead, not started, or on another backend).
+    so its peers learn why instead of waiting), ranks on different backends (``backend``:
+    a ``gloo`` default group takes part through ``_check_gloo_peers``), or ranks that did
+    not join within ``timeout_s`` (HCCL_CONNECT_TIMEOUT: dead, not started, or on a backend
+    that does not take part). Returns ``False`` when a ``gloo`` rank's wait ran out (its
+    peers may be processes without torch_npu): Gloo's own rendezvous then goes on.
     """
-    gen = _init_generation.get(group_id, 0)
-    _init_generation[group_id] = gen + 1
+    # Counted per (group, rank): ranks run as threads of one process keep their own count.
+    gen = _init_generation.get((group_id, rank), 0)
+    _init_generation[(group_id, rank)] = gen + 1
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     prefix = f"hccl_init/{restart}/{gen}/"
     deadline = time.monotonic() + timeout_s
-    me = {"world_size": size, "host": socket.gethostname(), "pid": os.getpid(), "settings_error": settings_error}
+    me = {"world_size": size, "host": socket.gethostname(), "pid": os.getpid(), "settings_error": settings_error,
+          "backend": backend}
     store.add(prefix + "joined", 1)
 
     def fail(message, expected=size):
@@ -138,6 +143,9 @@ def _check_peers(store, rank, size, group_id, timeout_s, settings_error=None):
             info = known.setdefault(peer, json.loads(store.get(key)))
             if info.get("settings_error"):
                 fail(f"{_who(peer, info)} has an invalid setting: {info['settings_error']}. Fix it on that rank.")
+            if info.get("backend", "hccl") != backend:
+                fail(f"backend mismatch: {_who(rank, me)} initialised '{backend}', {_who(peer, info)} initialised "
+                     f"'{info['backend']}'. Pass the same backend to init_process_group on every rank.")
             if info["world_size"] != size:
                 fail(f"world size mismatch: {_who(rank, me)} has world_size={size}, {_who(peer, info)} has "
                      f"world_size={info['world_size']}. Launch every rank with the same world size "
@@ -145,12 +153,48 @@ def _check_peers(store, rank, size, group_id, timeout_s, settings_error=None):
                      expected=min(size, info["world_size"]))
         pending = still
         if pending:
+            if time.monotonic() > deadline and backend != "hccl":
+                return False
             if time.monotonic() > deadline:
                 fail(f"rank {rank} waited {timeout_s} s (HCCL_CONNECT_TIMEOUT) for ranks {pending} of world_size "
                      f"{size} to join the hccl group. They have exited, are stuck, were launched with another "
                      "world size, or initialised a different backend.",
                      expected=size - len(pending))
             time.sleep(0.02)
+
+
+def _check_gloo_peers():
+    """Make a ``gloo`` default group take part in the hccl start-up check.
+
+    A job whose ranks disagree on the backend (``init_process_group("hccl")`` on some,
+    ``"gloo"`` on others) would leave the gloo ranks waiting in Gloo's rendezvous while the
+    hccl ranks fail alone. Here a gloo default group first publishes its view in the same
+    place as the hccl ranks, under the same ``{group_name}/npu/`` store prefix, so every rank
+    raises the same backend-mismatch DistBackendError at once. Its wait is bounded by
+    HCCL_CONNECT_TIMEOUT (120 s by default) and, when that runs out, Gloo's own rendezvous
+    goes on as before: a peer without torch_npu costs that much delay, never a failure.
+    """
+    c10d = dist.distributed_c10d
+    helper = c10d._new_process_group_helper
+    if getattr(helper, "_torch_npu_gloo_check", False):
+        return
+
+    def _new_process_group_helper(group_size, group_rank, global_ranks_in_group, backend, store, group_name,
+                                  *args, **kwargs):
+        if kwargs.get("group_desc") == "default_pg" and str(backend) == dist.Backend.GLOO and group_size > 1:
+            try:
+                connect = _env_seconds("HCCL_CONNECT_TIMEOUT") or _DEFAULT_CONNECT_TIMEOUT
+            except ValueError:
+                connect = _DEFAULT_CONNECT_TIMEOUT  # an hccl peer reports the bad value itself
+            timeout = kwargs.get("timeout")
+            if isinstance(timeout, timedelta):
+                connect = min(connect, timeout.total_seconds())
+            peers_store = c10d.PrefixStore("npu/", c10d.PrefixStore(f"{group_name}/", store))
+            _check_peers(peers_store, group_rank, group_size, group_name, connect, backend="gloo")
+        return helper(group_size, group_rank, global_ranks_in_group, backend, store, group_name, *args, **kwargs)
+
+    _new_process_group_helper._torch_npu_gloo_check = True
+    c10d._new_process_group_helper = _new_process_group_helper
 
 
 def _create_hccl(dist_backend_opts, pg_options):
@@ -229,5 +273,6 @@ def register():
     if "hccl" in dist.Backend.backend_list:
         return
     _bound_store_connect()
+    _check_gloo_peers()
     _set_gloo_factory(_make_gloo)
     dist.Backend.register_backend("hccl", _create_hccl, extended_api=True, devices=["npu"])
