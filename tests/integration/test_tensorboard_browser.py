@@ -56,7 +56,9 @@ def _need(found, what):
     pytest.skip(msg)
 
 
-def _chromium():
+@pytest.fixture(scope="module")
+def chromium():
+    """The chromium executable; checked before the run is profiled and served."""
     path = shutil.which("chromium")
     _need(path, "Debian's chromium is not installed")
     return path
@@ -245,8 +247,7 @@ def _choose_view(browser, name):
     browser.wait_for(_PICK % json.dumps(name), timeout=30)
 
 
-def test_views_render_in_headless_chromium(tensorboard, profiled, tmp_path):
-    chromium = _chromium()
+def test_views_render_in_headless_chromium(chromium, tensorboard, profiled, tmp_path):
     _need(POLYFILL.is_file(), f"the trace view's polyfill is missing at {POLYFILL}")
     substitutes = {GCHARTS_URL: ("text/javascript", (HERE / "gcharts_standin.js").read_bytes()),
                    POLYFILL_URL: ("text/javascript", POLYFILL.read_bytes())}
@@ -303,11 +304,10 @@ def test_views_render_in_headless_chromium(tensorboard, profiled, tmp_path):
     print("screenshots:", *map(str, shots.values()))
 
 
-def test_documented_screenshot_command(tensorboard, profiled, tmp_path):
+def test_documented_screenshot_command(chromium, tensorboard, profiled, tmp_path):
     """docs/profiler.md's command line, as given: --screenshot writes a PNG of the
     page and --dump-dom prints a DOM that lists the run and the Overview view.
     (Offline the charts do not load here; the views above are checked with them.)"""
-    chromium = _chromium()
     url = f"{tensorboard}{PLUGIN}/index.html"
     common = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
               f"--window-size={WIDTH},{HEIGHT}", "--virtual-time-budget=20000",
