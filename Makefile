@@ -39,9 +39,11 @@ test: install
 # Lightning, DeepSpeed) on the virtual NPU. Installed with torch pinned, so
 # they never replace torch 2.13.0. DeepSpeed's setup.py imports torch_npu (its
 # accelerator probe), which exports the emulated CANN's $$ASCEND_HOME_PATH that
-# its op builders then read; no op is prebuilt (DS_BUILD_OPS=0).
+# its op builders then read; no op is prebuilt (DS_BUILD_OPS=0). The TensorBoard
+# browser test needs headless Chromium: tools/ensure_chromium.sh installs it when missing.
 INTEG_ENV := DS_BUILD_OPS=0
 test-integration: install
+	tools/ensure_chromium.sh $(VENV)
 	echo 'torch==2.13.0' > $(VENV)/torch-pin.txt
 	$(INTEG_ENV) $(PY) -m pip install -q --disable-pip-version-check -c $(VENV)/torch-pin.txt -r requirements-integration.txt
 	$(INTEG_ENV) TORCH_NPU_INTEGRATION=1 timeout 1200 $(PY) -m pytest tests/integration -q -p no:cacheprovider

@@ -208,6 +208,22 @@ def test_torch_tb_profiler_loads_the_trace(run, tmp_path):
     assert 0 in data.used_devices
 
 
+def test_torch_tb_profiler_gives_each_op_its_kernels_device_time(run, tmp_path):
+    # The operator view's device times come from launch ("runtime") events that link an
+    # op (by External id) to its kernels (by correlation); the plugin must recognize them.
+    from torch_tb_profiler.profiler.data import RunProfileData
+    path = glob.glob(os.path.join(run["dir"], "*.pt.trace.json"))[0]
+    data = RunProfileData.parse("worker", None, path, str(tmp_path))
+    data.process()
+    assert data.has_runtime
+    _, kernels = _read_csv(_out(run, "kernel_details.csv"))
+    ops = {op.name: op for op in data.op_list_groupby_name}
+    mm_kernels = [float(k["Duration(us)"]) for k in kernels if k["Name"] == "aten::mm"]
+    assert ops["aten::mm"].calls == len(mm_kernels) == MM_PER_STEP * len(RECORDED_STEPS)
+    assert ops["aten::mm"].self_device_duration == pytest.approx(sum(mm_kernels), abs=0.01)
+    assert ops["aten::mm"].device_duration == pytest.approx(sum(mm_kernels), abs=0.01)
+
+
 def test_analyse_offline_gives_the_same_views(run, tmp_path):
     prof = run["prof"]
     P.tensorboard_trace_handler(str(tmp_path), worker_name="offline", analyse_flag=False)(prof)
