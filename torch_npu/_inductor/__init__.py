@@ -20,8 +20,10 @@ def _install_default_inductor_route():
     """Make ``torch.compile(backend="inductor")`` (the default) serve npu graphs.
 
     torch.compile builds a ``_TorchCompileInductorWrapper`` that calls
-    Inductor's compile_fx directly; graphs with npu inputs are sent to
-    ``compile_fx_npu`` instead, everything else is untouched.
+    Inductor's compile_fx directly; graphs that touch npu (an npu input, an
+    npu value or an npu device argument anywhere, see
+    ``device_rewrite.graph_npu_device``) are sent to ``compile_fx_npu``
+    instead, everything else is untouched.
     """
     global _patched
     if _patched:
@@ -30,7 +32,8 @@ def _install_default_inductor_route():
     original_call = wrapper_cls.__call__
 
     def __call__(self, model_, inputs_, *, config_patches=None):
-        if any(isinstance(x, torch.Tensor) and x.device.type == "npu" for x in inputs_):
+        from torch_npu._inductor.device_rewrite import graph_npu_device
+        if graph_npu_device(model_, inputs_) is not None:
             all_patches = {**self.config, **(config_patches or {})}
             return compile_fx_npu(model_, inputs_, config_patches=all_patches,
                                   compile_region_name=getattr(self, "name", None))
