@@ -140,6 +140,20 @@ def test_compiled_flex_attention_on_npu(name):
         torch.testing.assert_close(got.detach().cpu(), want.float())
 
 
+def test_eager_flex_attention_accepts_npu_and_matches_float64_sdpa():
+    # Stock PyTorch rejects npu in flex attention's device check; the patch
+    # lets npu through while CPU keeps its own check (no backward on CPU).
+    q, k, v = qkv("npu", requires_grad=True)
+    npu_mask = create_block_mask(mask_mod("document", "npu"), B, 1, S, S, device="npu", BLOCK_SIZE=BLOCK)
+    out, aux = flex_attention(q, k, v, block_mask=npu_mask, return_aux=AuxRequest(lse=True))
+    (out.sum() + aux.lse.sum()).backward()
+    ref = sdpa_reference("document", *qkv("cpu"))
+    for got, want in zip((out, aux.lse, q.grad, k.grad, v.grad), ref):
+        torch.testing.assert_close(got.detach().cpu(), want.float())
+    with pytest.raises(NotImplementedError, match="does not support backward on CPU"):
+        flex_attention(*qkv("cpu", requires_grad=True))
+
+
 def transformers_mask_functions(masking_utils, device):
     """transformers' causal, sliding-window and packed-sequence (document) masks."""
     docs = torch.tensor(DOCS, device=device)
