@@ -154,6 +154,24 @@ def test_eager_flex_attention_accepts_npu_and_matches_float64_sdpa():
         flex_attention(*qkv("cpu", requires_grad=True))
 
 
+def test_registry_inductor_backend_serves_npu_graphs():
+    # lookup_backend("inductor") (torch._dynamo.optimize, CompileCounterWithBackend)
+    # calls Inductor's compile_fx directly; it used to fail lowering the bool
+    # sum below with the same AssertionError as compiled create_block_mask.
+    from torch._dynamo.testing import CompileCounterWithBackend
+    counter = CompileCounterWithBackend("inductor")
+    x = torch.randn(3, 8)
+
+    def count_positive(t):
+        return (t > 0).sum(-1)
+
+    out = torch.compile(count_positive, backend=counter, fullgraph=True)(x.to("npu"))
+    assert counter.frame_count == 1 and out.device.type == "npu"
+    assert torch.equal(out.cpu(), count_positive(x))
+    # The registered backend still compiles CPU graphs as CPU graphs.
+    assert torch.equal(torch.compile(count_positive, backend=counter)(x), count_positive(x))
+
+
 def transformers_mask_functions(masking_utils, device):
     """transformers' causal, sliding-window and packed-sequence (document) masks."""
     docs = torch.tensor(DOCS, device=device)

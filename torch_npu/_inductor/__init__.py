@@ -3,6 +3,8 @@
 Nothing here imports Inductor at ``import torch_npu``; it is loaded on the
 first ``torch.compile`` that meets an npu tensor.
 """
+import functools
+
 import torch
 
 __all__ = ["compile_fx_npu"]
@@ -42,3 +44,29 @@ def _install_default_inductor_route():
     __call__.__wrapped__ = original_call
     wrapper_cls.__call__ = __call__
     _patched = True
+
+
+def _install_registry_inductor_route():
+    """Make dynamo's registered ``"inductor"`` backend serve npu graphs too.
+
+    ``torch.compile(backend="inductor")`` goes through the wrapper above, but
+    ``torch._dynamo.lookup_backend("inductor")`` (``torch._dynamo.optimize``,
+    ``CompileCounterWithBackend("inductor")``, libraries that look backends up
+    by name) calls Inductor's compile_fx directly. Runs once dynamo is loaded.
+    """
+    from torch._dynamo.backends import inductor as _registers_inductor  # noqa: F401
+    from torch._dynamo.backends.registry import _COMPILER_FNS
+
+    original = _COMPILER_FNS.get("inductor")
+    if original is None or getattr(original, "_npu_routed", False):
+        return
+
+    @functools.wraps(original)
+    def inductor(model_, example_inputs_, **kwargs):
+        from torch_npu._inductor.device_rewrite import graph_npu_device
+        if graph_npu_device(model_, example_inputs_) is not None:
+            return compile_fx_npu(model_, example_inputs_, **kwargs)
+        return original(model_, example_inputs_, **kwargs)
+
+    inductor._npu_routed = True
+    _COMPILER_FNS["inductor"] = inductor
