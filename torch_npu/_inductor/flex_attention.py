@@ -37,9 +37,8 @@ def _dense_impl(node: torch.fx.Node):
         kernel_options = node.args[6]
         if not (kernel_options.get("OUTPUT_LOGSUMEXP") or kernel_options.get("OUTPUT_MAX")):
             return None
-        read = {u.args[1] for u in node.users
-                if u.op == "call_function" and u.target is operator.getitem}
-        if read <= {0}:
+        by_index = all(u.op == "call_function" and u.target is operator.getitem for u in node.users)
+        if by_index and {u.args[1] for u in node.users} <= {0}:
             # Only the attention output is read (PyTorch asks for the
             # logsumexp whenever grad mode is on): this is inference, which
             # the CPU template serves, exactly as on CPU.
@@ -124,11 +123,13 @@ def inline_dense_flex_attention(gm: torch.fx.GraphModule, fake_mode) -> int:
     """Replace the flex attention ops of ``gm`` that the CPU template refuses
     by their dense ATen program; returns how many were replaced. The caller
     recomputes the fake values afterwards."""
-    todo = [(n, impl) for n in gm.graph.nodes for impl in (_dense_impl(n),) if impl is not None]
+    flex_ops = (torch.ops.higher_order.flex_attention, torch.ops.higher_order.flex_attention_backward)
+    seen = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in flex_ops]
+    todo = [(n, impl) for n in seen for impl in (_dense_impl(n),) if impl is not None]
     for node, impl in todo:
         sub, inputs = _trace_dense(gm, node, impl, fake_mode)
         _splice(gm, node, sub, inputs)
-    if todo:
+    if seen:  # kept forwards may have had their options changed
         gm.graph.lint()
         gm.recompile()
     return len(todo)

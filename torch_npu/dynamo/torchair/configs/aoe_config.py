@@ -1,5 +1,5 @@
 """``config.aoe_config``: AOE auto-tuning options."""
-from torch_npu.dynamo.torchair.configs._option_base import _Group, _Option, _ON_OFF
+from torch_npu.dynamo.torchair.configs._option_base import _Group, _Option
 
 __all__ = []
 

@@ -1,5 +1,5 @@
 """``config.inference_config``: how dimension gears combine."""
-from torch_npu.dynamo.torchair.configs._option_base import _Group, _Option, _ON_OFF
+from torch_npu.dynamo.torchair.configs._option_base import _Group, _Option
 
 __all__ = []
 
