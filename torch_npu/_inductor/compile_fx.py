@@ -16,6 +16,7 @@ from typing import Any, Sequence
 import torch
 
 from torch_npu._inductor import device_rewrite
+from torch_npu._inductor.flex_attention import inline_dense_flex_attention
 from torch_npu._inductor.npu_compiled_graph import NpuCompiledGraph
 from torch_npu._inductor.rng import graph_has_random_ops
 
@@ -35,6 +36,8 @@ def npu_inner_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *
         fake_mode = torch._subclasses.FakeTensorMode(allow_non_fake_inputs=True)
     cpu_inputs = device_rewrite.cpu_fake_inputs(example_inputs, fake_mode)
     device_rewrite.repropagate_fake_values(gm, cpu_inputs, fake_mode)
+    if inline_dense_flex_attention(gm, fake_mode):
+        device_rewrite.repropagate_fake_values(gm, cpu_inputs, fake_mode)
     has_random = graph_has_random_ops(gm)
     compiled = compile_fx_inner(gm, cpu_inputs, **kwargs)
     return NpuCompiledGraph(compiled, device_index, npu_outputs, has_random)

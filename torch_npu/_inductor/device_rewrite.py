@@ -23,21 +23,57 @@ def _is_npu_device(x: Any) -> bool:
 
 
 def _val_of(node: Any):
-    return node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    if not isinstance(node, torch.fx.Node):
+        return None
+    # AOTAutograd/Inductor graphs carry "val"; Dynamo's own output graph
+    # (what a backend is first handed) carries "example_value".
+    val = node.meta.get("val")
+    return node.meta.get("example_value") if val is None else val
+
+
+def _graph_modules(gm: torch.fx.GraphModule) -> List[torch.fx.GraphModule]:
+    """``gm`` and every GraphModule nested in it: the bodies of higher-order
+    ops (flex attention's score/mask functions, cond, while_loop, ...) are
+    submodules reached through get_attr nodes, not nodes of ``gm.graph``."""
+    return [m for m in gm.modules() if isinstance(m, torch.fx.GraphModule)]
+
+
+def _npu_index_in(x: Any) -> Optional[int]:
+    """Device index if ``x`` (possibly nested in lists/tuples/dicts) names or
+    holds npu, else None."""
+    found: List[int] = []
+
+    def visit(v):
+        if found:
+            return v
+        if isinstance(v, torch.Tensor) and v.device.type == "npu":
+            found.append(v.device.index or 0)
+        elif _is_npu_device(v):
+            found.append(torch.device(v).index or 0)
+        return v
+
+    map_aggregate(x, visit)
+    return found[0] if found else None
 
 
 def graph_npu_device(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Optional[int]:
-    """Index of the npu device the graph works on, or None if it never touches npu."""
+    """Index of the npu device the graph works on, or None if it never touches npu.
+
+    A graph touches npu through an input, through a value it computes, or
+    through a device argument: ``torch.arange(n, device="npu")`` in a graph
+    without tensor inputs (compiled ``create_block_mask``) is npu work too.
+    Nested higher-order-op bodies are searched as well.
+    """
     for x in example_inputs:
         if isinstance(x, torch.Tensor) and x.device.type == "npu":
             return x.device.index or 0
-    for node in gm.graph.nodes:
-        val = _val_of(node)
-        if isinstance(val, torch.Tensor) and val.device.type == "npu":
-            return val.device.index or 0
-        for a in list(node.args) + list(node.kwargs.values()):
-            if _is_npu_device(a):
-                return torch.device(a).index or 0
+    for module in _graph_modules(gm):
+        for node in module.graph.nodes:
+            index = _npu_index_in(_val_of(node))
+            if index is None:
+                index = _npu_index_in((node.args, node.kwargs))
+            if index is not None:
+                return index
     return None
 
 
@@ -55,7 +91,8 @@ def npu_output_mask(gm: torch.fx.GraphModule) -> List[bool]:
 
 
 def rewrite_devices_to_cpu(gm: torch.fx.GraphModule) -> int:
-    """Replace every npu device argument in the graph by cpu; returns how many."""
+    """Replace every npu device argument in the graph and its nested
+    higher-order-op bodies by cpu; returns how many."""
     changed = 0
 
     def to_cpu(x):
@@ -65,13 +102,14 @@ def rewrite_devices_to_cpu(gm: torch.fx.GraphModule) -> int:
             return "cpu" if isinstance(x, str) else _CPU
         return x
 
-    for node in gm.graph.nodes:
-        if getattr(node.target, "namespace", None) == "streams":
-            continue  # stream/device synchronisation stays addressed to the npu
-        if node.op in ("call_function", "call_method"):
-            node.args = map_aggregate(node.args, to_cpu)
-            node.kwargs = map_aggregate(node.kwargs, to_cpu)
-    gm.recompile()
+    for module in _graph_modules(gm):
+        for node in module.graph.nodes:
+            if getattr(node.target, "namespace", None) == "streams":
+                continue  # stream/device synchronisation stays addressed to the npu
+            if node.op in ("call_function", "call_method"):
+                node.args = map_aggregate(node.args, to_cpu)
+                node.kwargs = map_aggregate(node.kwargs, to_cpu)
+        module.recompile()
     return changed
 
 
@@ -101,6 +139,19 @@ def cpu_fake_inputs(example_inputs: Sequence[Any], fake_mode) -> Tuple[List[Any]
 
 
 def repropagate_fake_values(gm: torch.fx.GraphModule, cpu_inputs: Sequence[Any], fake_mode) -> None:
-    """Recompute every node's ``meta['val']`` on the CPU fake inputs."""
+    """Recompute every node's ``meta['val']`` on the CPU fake inputs.
+
+    Propagation runs the root graph only; the nested bodies of higher-order
+    ops keep the values they were traced with, so their npu fake values are
+    moved to CPU in place (Inductor checks them against what the parent
+    passes in, device included)."""
     from torch.fx.passes.fake_tensor_prop import FakeTensorProp
     FakeTensorProp(gm, mode=fake_mode).propagate_dont_convert_inputs(*cpu_inputs)
+
+    def to_cpu(v):
+        return cpu_fake_inputs([v], fake_mode)[0] if isinstance(v, torch.Tensor) else v
+
+    for module in _graph_modules(gm)[1:]:
+        for node in module.graph.nodes:
+            if "val" in node.meta:
+                node.meta["val"] = map_aggregate(node.meta["val"], to_cpu)

@@ -60,10 +60,40 @@ class _AfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         self.callback()
 
 
+class _PackageAlias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Makes ``alias.sub.mod`` import as ``target.sub.mod``, the same module
+    object (a second copy would hold second copies of every class:
+    ``torchair.configs.compiler_config.CompilerConfig`` must be
+    ``torchair.CompilerConfig``)."""
+
+    def __init__(self, alias, target):
+        self.alias = alias
+        self.target = target
+        self._specs = {}
+
+    def find_spec(self, fullname, path, target=None):
+        if not fullname.startswith(self.alias + "."):
+            return None
+        real_name = self.target + fullname[len(self.alias):]
+        if importlib.util.find_spec(real_name) is None:
+            return None
+        return importlib.util.spec_from_loader(fullname, self)
+
+    def create_module(self, spec):
+        module = importlib.import_module(self.target + spec.name[len(self.alias):])
+        self._specs[spec.name] = module.__spec__
+        return module
+
+    def exec_module(self, module):
+        # The import system gave the module the alias spec; it keeps its own.
+        module.__spec__ = self._specs.pop(module.__spec__.name)
+
+
 def _install() -> None:
     from torch_npu.dynamo import torchair
     from torch_npu.dynamo import npugraph_ex
-    sys.modules.setdefault("torchair", torchair)
+    if sys.modules.setdefault("torchair", torchair) is torchair:
+        sys.meta_path.insert(0, _PackageAlias("torchair", "torch_npu.dynamo.torchair"))
     sys.modules.setdefault("npugraph_ex", npugraph_ex)
 
     from torch_npu._inductor import _install_default_inductor_route

@@ -24,6 +24,8 @@ def _npugraphs_backend(gm, example_inputs, **kwargs):
 
 
 def register() -> None:
+    from torch_npu._inductor import _install_registry_inductor_route
+    _install_registry_inductor_route()
     for name, fn in (("npu", _npu_backend), ("npugraph_ex", _npugraph_ex_backend),
                      ("npugraphs", _npugraphs_backend)):
         if name not in _COMPILER_FNS:

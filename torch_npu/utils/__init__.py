@@ -15,12 +15,15 @@ def _install_patches():
     """torch.load becomes torch_npu.utils.serialization.load (as in the real
     torch_npu), torch.nn.SyncBatchNorm runs on npu tensors, torch.nn.DataParallel
     works on one npu device and names DDP/torch_npu_run for several, and
-    torch.compile traces npu RNNs through torch's decompositions. Idempotent."""
+    torch.compile traces npu RNNs through torch's decompositions, and flex
+    attention accepts npu tensors. Idempotent."""
     from torch_npu.utils import serialization, syncbatchnorm, _data_parallel, _rnn_decompositions
+    from torch_npu.utils import patch_flexattention
     serialization._install()
     syncbatchnorm._install()
     _data_parallel._install()
     _rnn_decompositions._install()
+    patch_flexattention._install()
 
 
 def get_cann_version(module="CANN"):

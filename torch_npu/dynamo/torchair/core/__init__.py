@@ -1,0 +1,2 @@
+"""torchair.core: shared utilities (the ``torchair`` logger)."""
+__all__ = []

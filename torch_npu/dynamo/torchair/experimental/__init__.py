@@ -1,0 +1,2 @@
+"""torchair.experimental."""
+__all__ = []

@@ -1,0 +1,2 @@
+"""torchair.patterns: user FX pattern replacements."""
+__all__ = []
