@@ -54,6 +54,7 @@ test-wheel: install
 
 bench: install
 	$(PY) bench/run.py
+	$(PY) bench/client_workloads.py
 
 clean:
 	rm -rf build *.egg-info torch_npu/_C*.so $(VENV)
