@@ -56,6 +56,7 @@ test-wheel: install
 
 bench: install
 	$(PY) bench/run.py
+	$(PY) bench/client_workloads.py
 	$(PY) bench/migrate_bench.py
 
 clean:

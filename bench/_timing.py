@@ -213,3 +213,13 @@ def time_interleaved(
         if was_enabled:
             gc.enable()
     return out
+
+
+def write_json(path: str, results: dict) -> None:
+    """Write a bench's results as JSON to ``path`` (parent folders created) and say so."""
+    import json
+    import os
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(results, f, indent=2, default=str)
+    print(f"_results written to {path}_")

@@ -393,11 +393,7 @@ def main(argv=None):
         pass
     print(f"\n_total bench wall time: {total:.1f} s_")
     if args.json:
-        d = os.path.dirname(os.path.abspath(args.json))
-        os.makedirs(d, exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2, default=str)
-        print(f"_results written to {args.json}_")
+        T.write_json(args.json, results)
     return 0
 
 

@@ -9,6 +9,7 @@
 #include <ATen/ops/_local_scalar_dense.h>
 #include <ATen/ops/convolution.h>
 #include <ATen/ops/convolution_backward.h>
+#include <ATen/ops/histc.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/unfold_native.h>
@@ -262,6 +263,25 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_overrideable
   return {exec::adopt_result(gi, d), exec::adopt_result(gw, d), exec::adopt_result(gb, d)};
 }
 
+// The NPU's histc counts integer inputs as well (aclnnHistc takes INT8-INT64 and
+// UINT8, and returns the input's dtype); ATen's CPU kernel takes floating types
+// only. transformers' MoE experts call it on int32 expert ids on any non-CPU
+// device. Integers are counted in double, exact for |x| < 2^53.
+at::Tensor histc(const at::Tensor& self, int64_t bins, const at::Scalar& min, const at::Scalar& max) {
+  int d = self.device().index();
+  at::Tensor out;
+  {
+    NPU_KERNEL_SCOPE("aten::histc", "", d);
+    at::Tensor x = cpu_alias(self);
+    if (at::isIntegralType(x.scalar_type(), /*includeBool=*/false)) {
+      out = at::histc(x.to(at::kDouble), bins, min, max).to(x.scalar_type());
+    } else {
+      out = at::histc(x, bins, min, max);
+    }
+  }
+  return exec::adopt_result(out, d);
+}
+
 }  // namespace
 }  // namespace torch_npu::kernels
 
@@ -290,4 +310,5 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("record_stream", &record_stream);
   m.impl("convolution_overrideable", &convolution_overrideable);
   m.impl("convolution_backward_overrideable", &convolution_backward_overrideable);
+  m.impl("histc", &histc);
 }

@@ -25,6 +25,8 @@ def fresh(t):
 
 
 def check(cond, op, message):
+    if cond is True:  # the common case, without torch._check's per-call cost
+        return
     torch._check(cond, lambda: "%s: %s" % (op, message))
 
 

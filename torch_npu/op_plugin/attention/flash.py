@@ -108,9 +108,91 @@ def _logits(seg, i0, i1, scale, pse_type, dtype):
     return x
 
 
+def _sdpa_causal(seg, dropout):
+    """Whether ATen's CPU flash-attention kernel computes ``seg`` exactly as the formula
+    above: None when it cannot (pse, dropout, empty sides, a mask other than none or
+    top-left causal, Dv != D), else its ``is_causal`` flag. No row is fully masked then."""
+    if seg.pse is not None or dropout is not None:
+        return None
+    s1, s2 = seg.q.shape[2], seg.k.shape[2]
+    if s1 == 0 or s2 == 0 or seg.v.shape[3] != seg.q.shape[3]:
+        return None
+    mask = seg.mask
+    if mask.user is None:
+        return False  # no atten_mask: full computation whatever sparse_mode says
+    if mask.mode == 2 or (mask.mode == 3 and s1 == s2):
+        return True   # j > i masked: SDPA's is_causal (top-left aligned)
+    return None
+
+
+_CAUSAL_ROWS = 128  # smallest row block of the causal row max (fewer blocks: fewer ops)
+
+
+def _in(t, dtype):
+    return t if t.dtype == dtype else t.to(dtype)
+
+
+def _sdpa_inputs(seg, dtype):
+    """q, k, v in ``dtype`` with the key/value heads repeated to the query's (GQA)."""
+    q, k, v = _in(seg.q, dtype), _in(seg.k, dtype), _in(seg.v, dtype)
+    g = q.shape[1] // k.shape[1]
+    if g != 1:
+        k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+    return q, k, v
+
+
+def _row_max(q, k, scale, causal):
+    """softmax_max: the row max of the scaled logits (j > i masked when ``causal``), block by
+    block. For scale > 0, max(scale * x) is scale * max(x) exactly (rounding is monotone),
+    which saves a pass over the logits."""
+    b, n, s1, _ = q.shape
+    s2 = k.shape[2]
+    kt = k.transpose(-1, -2)
+    rows = _rows_per_block(b, n, s1, s2)
+    if causal:  # row block [i0, i1) sees keys [0, i1) only: eighths skip about half the products
+        rows = min(rows, max(_CAUSAL_ROWS, -(-s1 // 8)))
+    parts = []
+    for i0 in range(0, s1, rows):
+        i1 = min(s1, i0 + rows)
+        cols = min(s2, i1) if causal else s2
+        x = torch.matmul(q[:, :, i0:i1], kt[..., :cols])
+        if scale <= 0:
+            x.mul_(scale)
+        if causal:
+            x.masked_fill_(torch.ones(i1 - i0, cols, dtype=torch.bool, device=x.device).triu_(i0 + 1), float("-inf"))
+        parts.append(x.amax(-1))
+    m = parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
+    return m.mul_(scale) if scale > 0 else m
+
+
+def _sdpa_forward(seg, scale, causal, dtype):
+    q, k, v = _sdpa_inputs(seg, dtype)
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, scale=scale)
+    row_max = _row_max(q, k, scale, causal)
+    # sum_j exp(x_j - max) = exp(lse - max): no row is fully masked on this path
+    return out, row_max, torch.exp(lse - row_max), lse.unsqueeze(-1)
+
+
+def _sdpa_backward(seg, scale, causal, dtype, out, lse, dout):
+    q, k, v = _sdpa_inputs(seg, dtype)
+    dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        dout, q, k, v, out, lse.squeeze(-1), 0.0, causal, scale=scale)
+    b, n_kv, s2 = seg.k.shape[0], seg.k.shape[1], seg.k.shape[2]
+    g = q.shape[1] // n_kv
+    if g != 1:  # a key/value head's gradient sums over the query heads that share it
+        dk = dk.view(b, n_kv, g, s2, dk.shape[-1]).sum(2)
+        dv = dv.view(b, n_kv, g, s2, dv.shape[-1]).sum(2)
+    return dq, dk, dv, None
+
+
 def forward(seg, scale, pse_type, dropout, dtype):
     """-> (out [b, N, S1, Dv], row max [b, N, S1], row sum of exp(x - max) [b, N, S1],
-    lse [b, N, S1, 1]) in ``dtype``; fully masked rows: out 0, max -inf, sum 0, lse +inf."""
+    lse [b, N, S1, 1]) in ``dtype``; fully masked rows: out 0, max -inf, sum 0, lse +inf.
+    What ATen's CPU flash kernel can express (no pse, no dropout, no mask or top-left
+    causal) runs there; the rest on the blocked composition below."""
+    causal = _sdpa_causal(seg, dropout)
+    if causal is not None:
+        return _sdpa_forward(seg, scale, causal, dtype)
     b, n, s1, _ = seg.q.shape
     n_kv, s2, dv = seg.v.shape[1], seg.v.shape[2], seg.v.shape[3]
     dev = seg.q.device
@@ -143,6 +225,9 @@ def forward(seg, scale, pse_type, dropout, dtype):
 def backward(seg, scale, pse_type, dropout, dtype, out, lse, dout, want_dpse):
     """Gradients of one segment for upstream ``dout`` [b, N, S1, Dv]: (dq [b, N, S1, D],
     dk, dv [b, N_kv, S2, D], dpse shaped like seg.pse or None) in ``dtype``."""
+    causal = _sdpa_causal(seg, dropout)
+    if causal is not None:
+        return _sdpa_backward(seg, scale, causal, dtype, out, lse, dout)
     b, n, s1, d = seg.q.shape
     n_kv, s2, dvd = seg.v.shape[1], seg.v.shape[2], seg.v.shape[3]
     dev = seg.q.device

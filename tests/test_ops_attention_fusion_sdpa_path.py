@@ -1,0 +1,114 @@
+"""npu_fusion_attention runs ATen's CPU flash-attention kernel where it can express the call.
+
+transformers' NPU flash path (``attn_implementation="flash_attention_2"``) calls
+npu_fusion_attention in BSND with the 2048x2048 causal template and sparse_mode 3;
+diffusers' AttnProcessorNPU in BNSD without a mask. Those calls (no pse, no dropout,
+no mask or a top-left causal one) must cost what CPU SDPA costs, so they run
+``aten._scaled_dot_product_flash_attention_for_cpu`` (and its backward); everything
+else stays on the blocked composition. Checked here: which path each call takes, and
+that the fast path's four results (out, softmax_max, softmax_sum, gradients) match
+an independent float64 reference.
+"""
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import torch_npu
+
+FLASH = "aten._scaled_dot_product_flash_attention_for_cpu.default"
+FLASH_BWD = "aten._scaled_dot_product_flash_attention_for_cpu_backward.default"
+TEMPLATE = torch.triu(torch.ones(2048, 2048, dtype=torch.bool), diagonal=1)
+
+
+class _Ops(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.names = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.add(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def _to_layout(x, layout):
+    """[B, N, S, D] -> layout."""
+    b, n, s, d = x.shape
+    if layout == "BNSD":
+        return x.contiguous()
+    if layout == "BSND":
+        return x.transpose(1, 2).contiguous()
+    if layout == "BSH":
+        return x.transpose(1, 2).reshape(b, s, n * d)
+    return x.permute(2, 0, 1, 3).reshape(s, b, n * d)  # SBH
+
+
+def _reference(q, k, v, scale, causal):
+    """float64 math on [B, N, S, D]: out, row max, row sum of exp(x - max)."""
+    g = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
+    x = scale * q @ k.transpose(-1, -2)
+    if causal:
+        s1, s2 = x.shape[-2:]
+        x = x.masked_fill(torch.ones(s1, s2, dtype=torch.bool).triu(1), float("-inf"))
+    m = x.amax(-1)
+    return torch.softmax(x, -1) @ v, m, torch.exp(x - m.unsqueeze(-1)).sum(-1)
+
+
+# (layout, key/value heads): BSH/SBH derive the key heads from the hidden size, so GQA
+# (2 key heads for 4 query heads) is exercised in the 4-D layouts
+@pytest.mark.parametrize("layout,n_kv", [("BSH", 4), ("SBH", 4), ("BSND", 4), ("BNSD", 4), ("BSND", 2), ("BNSD", 2)])
+@pytest.mark.parametrize("mask", ["none", "causal2", "causal3"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fast_path_matches_reference(layout, mask, n_kv, dtype):
+    torch.manual_seed(0)
+    b, n, s, d, scale = 2, 4, 9, 8, 0.3
+    q64 = torch.randn(b, n, s, d, dtype=torch.float64)
+    k64 = torch.randn(b, n_kv, s, d, dtype=torch.float64)
+    v64 = torch.randn(b, n_kv, s, d, dtype=torch.float64)
+    # the reference sees the values the op sees (rounded to dtype)
+    q64, k64, v64 = (t.to(dtype).double().requires_grad_() for t in (q64, k64, v64))
+    qs, ks, vs = (_to_layout(t.detach(), layout).to(dtype).npu().requires_grad_() for t in (q64, k64, v64))
+    kwargs = {} if mask == "none" else {"atten_mask": TEMPLATE.npu(), "sparse_mode": int(mask[-1])}
+    ops = _Ops()
+    with ops:
+        out, smax, ssum = torch_npu.npu_fusion_attention(qs, ks, vs, n, layout, scale=scale, **kwargs)[:3]
+        out.float().sum().backward()
+    assert FLASH in ops.names and FLASH_BWD in ops.names
+    ref_out, ref_max, ref_sum = _reference(q64, k64, v64, scale, mask != "none")
+    ref_out.sum().backward()
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(out.cpu().double(), _to_layout(ref_out.detach(), layout), **tol)
+    assert smax.shape == ssum.shape == (b, n, s, 8) and smax.dtype == ssum.dtype == torch.float32
+    torch.testing.assert_close(smax.cpu().double(), ref_max.detach().unsqueeze(-1).expand(b, n, s, 8),
+                               rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ssum.cpu().double(), ref_sum.detach().unsqueeze(-1).expand(b, n, s, 8),
+                               rtol=1e-4, atol=1e-4)
+    for got, ref in ((qs, q64), (ks, k64), (vs, v64)):
+        torch.testing.assert_close(got.grad.cpu().double(), _to_layout(ref.grad, layout), **tol)
+
+
+def _uses_flash(**kw):
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 6, 4).npu() for _ in range(3))
+    ops = _Ops()
+    with ops:
+        torch_npu.npu_fusion_attention(q, k, v, 2, "BNSD", scale=0.5, **kw)
+    return FLASH in ops.names
+
+
+def test_what_sdpa_cannot_express_stays_on_the_composition():
+    assert _uses_flash()
+    assert _uses_flash(atten_mask=TEMPLATE.npu(), sparse_mode=2)
+    assert not _uses_flash(keep_prob=0.9)                                    # dropout from the npu generator
+    assert not _uses_flash(pse=torch.randn(1, 2, 6, 6).npu())                # bias
+    assert not _uses_flash(atten_mask=torch.rand(6, 6).npu() > 0.5)          # arbitrary mask (sparse_mode 0)
+    assert not _uses_flash(atten_mask=TEMPLATE.npu(), sparse_mode=4, pre_tockens=1, next_tockens=0)  # band
+
+
+def test_bottom_right_causal_with_unequal_lengths_stays_on_the_composition():
+    q = torch.randn(1, 2, 3, 4).npu()
+    kv = torch.randn(1, 2, 6, 4).npu()
+    ops = _Ops()
+    with ops:
+        torch_npu.npu_fusion_attention(q, kv, kv, 2, "BNSD", atten_mask=TEMPLATE.npu(), sparse_mode=3)
+    assert FLASH not in ops.names
