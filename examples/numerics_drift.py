@@ -74,6 +74,7 @@ def plot(exact, chip, path, title):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
     steps = list(range(1, len(exact) + 1))
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6.5), sharex=True,
                                       gridspec_kw={"height_ratios": [2, 1]})
@@ -87,6 +88,7 @@ def plot(exact, chip, path, title):
     bottom.plot(steps, diff, color="tab:red", linewidth=1.2)
     bottom.axhline(0.0, color="black", linewidth=0.6)
     bottom.set_xlabel("step")
+    bottom.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     bottom.set_ylabel("chip − exact")
     bottom.grid(alpha=0.3)
     fig.tight_layout()
@@ -118,7 +120,7 @@ def main(argv=None):
 
     os.makedirs(args.out_dir, exist_ok=True)
     png = os.path.join(args.out_dir, "numerics_drift.png")
-    switches = f"matmul.allow_hf32={args.matmul_hf32}, conv.allow_hf32={torch.npu.conv.allow_hf32}"
+    switches = f"matmul.allow_hf32={args.matmul_hf32}, conv.allow_hf32={'on' if torch.npu.conv.allow_hf32 else 'off'}"
     if args.precision_mode:
         switches += f", ACL_PRECISION_MODE={args.precision_mode}"
     plot(exact, chip, png, f"demo LLaMA ({args.size}), fp32: exact vs chip numerics\n{switches}")

@@ -227,8 +227,9 @@ def set_mode(mode: str) -> None:
         if mode == "chip":
             name = _settings.get("TORCH_NPU_EMU_DEVICE_NAME")
             if not _chip_modelled(name):
-                raise ValueError(f"numerics mode 'chip' models the Atlas A2/A3 SoCs (Ascend910B*, Ascend910_93*); "
-                                 f"the emulated device is {name} (TORCH_NPU_EMU_DEVICE_NAME)")
+                raise ValueError(f"numerics mode 'chip' (TORCH_NPU_EMU_NUMERICS, torch_npu.emulator.set_numerics) "
+                                 f"models the Atlas A2/A3 SoCs (Ascend910B*, Ascend910_93*); the emulated device is "
+                                 f"{name} (TORCH_NPU_EMU_DEVICE_NAME)")
             if _library is None:
                 _library = _install()
         elif _library is not None:
