@@ -17,8 +17,8 @@ it on, as a port of CUDA code that enabled TF32 would; `--matmul-hf32 off`
 keeps the chip default (the two curves are then identical), and
 `--precision-mode allow_fp32_to_fp16` sets ACL_PRECISION_MODE instead.
 
-    python examples/numerics_drift.py --out-dir /tmp/drift          # 100 steps, small model
-    python examples/numerics_drift.py --size tiny --steps 3 --out-dir /tmp/drift
+    python examples/numerics_drift.py --out-dir /tmp/drift          # tiny model, 40 steps (the demo's tiny run)
+    python examples/numerics_drift.py --size small --steps 160 --out-dir /tmp/drift   # `make demo`'s size
 """
 import argparse
 import importlib.util
@@ -98,8 +98,8 @@ def plot(exact, chip, path, title):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--size", choices=["small", "tiny"], default="small")
-    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--size", choices=["small", "tiny"], default="tiny")
+    parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--matmul-hf32", choices=["on", "off"], default="on",
                         help="torch.npu.matmul.allow_hf32 for both runs (the chip's default is off)")
     parser.add_argument("--precision-mode", choices=["must_keep_origin_dtype", "allow_fp32_to_fp16"], default=None,
