@@ -226,7 +226,8 @@ class _npuConfig:
 
 
 class _allowHF32Matmul:
-    r"""``torch.npu.matmul``: ``allow_hf32`` (default False) and ``cube_math_type``."""
+    r"""``torch.npu.matmul``: ``allow_hf32`` (default False) and ``cube_math_type`` (None until set, as
+    the torch_npu docs show; then matmul-class ops use it instead of the allow_hf32 rule)."""
 
     def __setattr__(self, name, value):
         if name == "allow_hf32":
@@ -247,7 +248,7 @@ class _allowHF32Matmul:
             return _enable_flag("ALLOW_MATMUL_HF32", "enable", False)
         if name == "cube_math_type":
             stored = _option_store.get_option("MATMUL_CUBE_MATH_TYPE")
-            return _CubeMathType(int(stored.decode())) if stored else _CubeMathType.KEEP_DTYPE
+            return _CubeMathType(int(stored.decode())) if stored else None
         raise AttributeError(name)
 
 
