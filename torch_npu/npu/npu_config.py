@@ -2,10 +2,12 @@
 limits and the ``config`` / ``matmul`` / ``conv`` switch objects.
 
 The emulated device computes every op with PyTorch's CPU kernels, so options
-that steer CANN (precision mode, op compiler cache, HF32, dump, AOE, core
-limits) cannot change results or speed here. They are validated exactly as
-on hardware, stored (``_option_store``) and read back by their getters, so
-code that configures them runs unchanged and sees consistent state.
+that steer CANN (op compiler cache, dump, AOE, core limits) cannot change
+results or speed here; the precision switches (HF32, ``cube_math_type``,
+``ACL_PRECISION_MODE``) change results only in chip numerics mode
+(torch_npu.emulator.set_numerics, docs/numerics.md). They are validated
+exactly as on hardware, stored (``_option_store``) and read back by their
+getters, so code that configures them runs unchanged and sees consistent state.
 """
 import enum
 import os
@@ -224,7 +226,8 @@ class _npuConfig:
 
 
 class _allowHF32Matmul:
-    r"""``torch.npu.matmul``: ``allow_hf32`` (default False) and ``cube_math_type``."""
+    r"""``torch.npu.matmul``: ``allow_hf32`` (default False) and ``cube_math_type`` (None until set, as
+    the torch_npu docs show; then matmul-class ops use it instead of the allow_hf32 rule)."""
 
     def __setattr__(self, name, value):
         if name == "allow_hf32":
@@ -245,7 +248,7 @@ class _allowHF32Matmul:
             return _enable_flag("ALLOW_MATMUL_HF32", "enable", False)
         if name == "cube_math_type":
             stored = _option_store.get_option("MATMUL_CUBE_MATH_TYPE")
-            return _CubeMathType(int(stored.decode())) if stored else _CubeMathType.KEEP_DTYPE
+            return _CubeMathType(int(stored.decode())) if stored else None
         raise AttributeError(name)
 
 
