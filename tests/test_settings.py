@@ -97,7 +97,8 @@ def test_settings_page_is_current():
 def test_emulator_docstring_lists_its_settings():
     import torch_npu.emulator as emulator
     for name in ("TORCH_NPU_EMU_DEVICE_COUNT", "TORCH_NPU_EMU_DEVICE_NAME", "TORCH_NPU_EMU_MEMORY",
-                 "TORCH_NPU_EMU_AUTOGRAD_THREADS", "TORCH_NPU_EMU_COLLECTIVE_CHECK", "ASCEND_RT_VISIBLE_DEVICES"):
+                 "TORCH_NPU_EMU_AUTOGRAD_THREADS", "TORCH_NPU_EMU_COLLECTIVE_CHECK", "TORCH_NPU_EMU_NUMERICS",
+                 "ASCEND_RT_VISIBLE_DEVICES"):
         assert f"``{name}``" in emulator.__doc__
     assert settings.listing(settings.EMULATOR_SETTINGS) in emulator.__doc__
     assert set(emulator.settings()) == set(settings.EMULATOR_SETTINGS)
@@ -149,6 +150,7 @@ BAD = {
     "SET_NPU_DEVICE": _INT_BAD + ["-1", "64"],
     "DUMP_BASELINE": _FLAG_BAD,
     "TORCH_NPU_EMU_CANN_ENV": ["", "2", "yes", "true", "1 "],
+    "TORCH_NPU_EMU_NUMERICS": ["", "Chip", "EXACT", "hf32", "chip ", "1"],
     "_TORCH_NPU_TRANSFER_NOTICES_SHOWN": _FLAG_BAD,
 }
 # Passed through untouched: any string is a value their owner accepts.

@@ -140,6 +140,8 @@ torch_npu.utils._install_patches()
 torch_npu.distributed._install()
 torch_npu.multiprocessing.reductions._install()
 torch_npu.dynamo._install()
+#    TORCH_NPU_EMU_NUMERICS=chip: the chip-numerics kernels (none in the default exact mode).
+torch_npu.emulator._numerics.apply_setting()
 
 # 8. Autoload hooks: restore the user's TORCH_DEVICE_BACKEND_AUTOLOAD, flush
 #    autograd device threads at exit, TORCH_TRANSFER_TO_NPU (at the end of this file).

@@ -215,6 +215,11 @@ _ALL: List[Setting] = [
     Setting("TORCH_NPU_EMU_AUTOGRAD_THREADS", _FLAG, False,
             "1: keep PyTorch's per-device autograd threads for npu backward (default: the calling thread).",
             "torch_npu/__init__.py", "import"),
+    Setting("TORCH_NPU_EMU_NUMERICS", _choice_type({"exact": "exact", "chip": "chip"}), "exact",
+            "`exact`: npu ops compute bitwise what the CPU computes; `chip`: fp32 matmul/convolution inputs are "
+            "rounded as a 910B cube unit rounds them (HF32/fp16, per torch.npu.conv/matmul.allow_hf32, "
+            "cube_math_type and ACL_PRECISION_MODE; docs/numerics.md). torch_npu.emulator.set_numerics "
+            "switches it at run time.", "torch_npu/emulator/_numerics.py", "import"),
     Setting("TORCH_NPU_COMPACT_ERROR_OUTPUT", _FLAG, False,
             "1: drop the `[ERROR] <time> (PID, Device, RankID) ERRxxxxx` suffix from error messages.",
             "csrc/core/NPUException.cpp", "import", core=True),
@@ -445,7 +450,8 @@ def listing(names=None) -> str:
 
 
 EMULATOR_SETTINGS = ("TORCH_NPU_EMU_DEVICE_COUNT", "TORCH_NPU_EMU_DEVICE_NAME", "TORCH_NPU_EMU_MEMORY",
-                     "TORCH_NPU_EMU_AUTOGRAD_THREADS", "TORCH_NPU_EMU_COLLECTIVE_CHECK", "ASCEND_RT_VISIBLE_DEVICES")
+                     "TORCH_NPU_EMU_AUTOGRAD_THREADS", "TORCH_NPU_EMU_COLLECTIVE_CHECK", "TORCH_NPU_EMU_NUMERICS",
+                     "ASCEND_RT_VISIBLE_DEVICES")
 
 
 def push_to_core() -> None:

@@ -13,6 +13,7 @@
 #include <ATen/ops/ones.h>
 #include <c10/core/Allocator.h>
 
+#include "aten/CubeInputRounding.h"
 #include "aten/EmulatedCpuFallback.h"
 #include "aten/OpExecution.h"
 #include "core/EmuLog.h"
@@ -144,6 +145,19 @@ struct MemoryScopeContext {
   void enter() {
     TORCH_CHECK(!scope, "_DeviceMemoryScope is already entered");
     scope = std::make_unique<torch_npu::exec::DeviceMemoryScope>(device);
+  }
+  void exit() { scope.reset(); }
+};
+
+// A kernel run from Python (the chip-numerics kernels): device memory scope
+// plus the kernel observers (device timeline), as NPU_KERNEL_SCOPE gives C++.
+struct KernelScopeContext {
+  c10::OperatorHandle op;
+  int device;
+  std::unique_ptr<torch_npu::exec::KernelScope> scope;
+  void enter() {
+    TORCH_CHECK(!scope, "_NpuKernelScope is already entered");
+    scope = std::make_unique<torch_npu::exec::KernelScope>(op, device);
   }
   void exit() { scope.reset(); }
 };
@@ -393,6 +407,21 @@ PYBIND11_MODULE(_C, m) {
     TORCH_CHECK(t.device().is_cpu(), "_npu_adopt expects a CPU tensor, got ", t.device());
     return torch_npu::exec::share_result(t, checked_device(device));
   });
+  // chip-numerics mode: round an fp32 cube-op input (a CPU alias) to HF32
+  // (kind 0) or fp16 (kind 1); returns (rounded copy, elements changed)
+  m.def("_emu_round_cube_input", [](const at::Tensor& t, int kind) {
+    TORCH_CHECK(kind == 0 || kind == 1, "_emu_round_cube_input: kind must be 0 (HF32) or 1 (fp16), got ", kind);
+    auto [rounded, changed] = torch_npu::numerics::round_cube_input(
+        t, kind == 0 ? torch_npu::numerics::CubeRounding::HF32 : torch_npu::numerics::CubeRounding::FP16);
+    return py::make_tuple(rounded, changed);
+  });
+  py::class_<KernelScopeContext>(m, "_NpuKernelScope")
+      .def(py::init([](const std::string& name, const std::string& overload, int64_t device) {
+        return KernelScopeContext{torch_npu::exec::find_op(name.c_str(), overload.c_str()), checked_device(device),
+                                  nullptr};
+      }))
+      .def("__enter__", [](KernelScopeContext& c) { c.enter(); return &c; }, py::return_value_policy::reference)
+      .def("__exit__", [](KernelScopeContext& c, py::args) { c.exit(); return false; });
   py::class_<MemoryScopeContext>(m, "_DeviceMemoryScope")
       .def(py::init([](int64_t device) { return MemoryScopeContext{checked_device(device)}; }))
       .def("__enter__", [](MemoryScopeContext& c) { c.enter(); return &c; }, py::return_value_policy::reference)
