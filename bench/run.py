@@ -78,6 +78,12 @@ def parse_args(argv=None):
     p.add_argument("--no-extra", action="store_true",
                    help="skip the informational extra micro rows (.item(), tiny backward)")
     p.add_argument("--raw", action="store_true", help="store raw per-rep samples in the JSON")
+    p.add_argument("--numerics", choices=["exact", "chip"], default="exact",
+                   help="npu numerics mode (torch_npu.emulator.set_numerics; docs/numerics.md): chip rounds fp32 "
+                        "conv/matmul inputs as a 910B does (sections 1-2; section 3 gets TORCH_NPU_EMU_NUMERICS)")
+    p.add_argument("--matmul-hf32", choices=["default", "on"], default="default",
+                   help="on: torch.npu.matmul.allow_hf32 = True (the chip default is off), so chip mode also "
+                        "rounds the matmuls (sections 1-2 only)")
     return p.parse_args(argv)
 
 
@@ -108,6 +114,8 @@ def header(args, prof_name):
         f"- python: {platform.python_version()}  |  host: {platform.machine()} {platform.system()}"
         f"  |  profile: {prof_name}  |  optimizer foreach: {args.foreach}  |  clock: {args.clock}"
         f"  |  autograd multithreading: {args.autograd_mt}",
+        f"- npu numerics: {args.numerics} (matmul.allow_hf32={torch.npu.matmul.allow_hf32}, "
+        f"conv.allow_hf32={torch.npu.conv.allow_hf32})",
         f"- npu device: {torch.npu.get_device_name(0) if torch.npu.is_available() else 'n/a'}",
         load_note(),
     ]
@@ -256,6 +264,8 @@ def _iso_worker(args, dev, key, inner, proc_s):
     env = dict(os.environ)
     if dev == "cpu":
         env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"   # never load torch_npu: truly native CPU
+    else:
+        env["TORCH_NPU_EMU_NUMERICS"] = args.numerics
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=proc_s * 4 + 120)
     for line in p.stdout.splitlines():
         if line.startswith("@@RESULT@@"):
@@ -337,6 +347,9 @@ def main(argv=None):
     W.BUILD_OPTS["autograd_mt"] = {"default": None, "on": True, "off": False}[args.autograd_mt]
     torch.set_num_threads(args.threads)
     T.set_clock(args.clock)
+    torch_npu.emulator.set_numerics(args.numerics)
+    if args.matmul_hf32 == "on":
+        torch.npu.matmul.allow_hf32 = True
     sections = {s.strip() for s in args.only.split(",") if s.strip()}
     t0 = time.perf_counter()
 
@@ -355,6 +368,8 @@ def main(argv=None):
             "foreach": args.foreach,
             "clock": args.clock,
             "autograd_mt": args.autograd_mt,
+            "numerics": args.numerics,
+            "matmul_hf32": args.matmul_hf32,
             "malloc": malloc_desc,
             "argv": sys.argv[1:],
         },

@@ -17,8 +17,8 @@ it on, as a port of CUDA code that enabled TF32 would; `--matmul-hf32 off`
 keeps the chip default (the two curves are then identical), and
 `--precision-mode allow_fp32_to_fp16` sets ACL_PRECISION_MODE instead.
 
-    python examples/numerics_drift.py --out-dir /tmp/drift          # 100 steps, small model
-    python examples/numerics_drift.py --size tiny --steps 3 --out-dir /tmp/drift
+    python examples/numerics_drift.py --out-dir /tmp/drift          # tiny model, 40 steps (the demo's tiny run)
+    python examples/numerics_drift.py --size small --steps 160 --out-dir /tmp/drift   # `make demo`'s size
 """
 import argparse
 import importlib.util
@@ -74,6 +74,7 @@ def plot(exact, chip, path, title):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
     steps = list(range(1, len(exact) + 1))
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6.5), sharex=True,
                                       gridspec_kw={"height_ratios": [2, 1]})
@@ -87,6 +88,7 @@ def plot(exact, chip, path, title):
     bottom.plot(steps, diff, color="tab:red", linewidth=1.2)
     bottom.axhline(0.0, color="black", linewidth=0.6)
     bottom.set_xlabel("step")
+    bottom.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     bottom.set_ylabel("chip − exact")
     bottom.grid(alpha=0.3)
     fig.tight_layout()
@@ -96,8 +98,8 @@ def plot(exact, chip, path, title):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--size", choices=["small", "tiny"], default="small")
-    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--size", choices=["small", "tiny"], default="tiny")
+    parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--matmul-hf32", choices=["on", "off"], default="on",
                         help="torch.npu.matmul.allow_hf32 for both runs (the chip's default is off)")
     parser.add_argument("--precision-mode", choices=["must_keep_origin_dtype", "allow_fp32_to_fp16"], default=None,
@@ -118,7 +120,7 @@ def main(argv=None):
 
     os.makedirs(args.out_dir, exist_ok=True)
     png = os.path.join(args.out_dir, "numerics_drift.png")
-    switches = f"matmul.allow_hf32={args.matmul_hf32}, conv.allow_hf32={torch.npu.conv.allow_hf32}"
+    switches = f"matmul.allow_hf32={args.matmul_hf32}, conv.allow_hf32={'on' if torch.npu.conv.allow_hf32 else 'off'}"
     if args.precision_mode:
         switches += f", ACL_PRECISION_MODE={args.precision_mode}"
     plot(exact, chip, png, f"demo LLaMA ({args.size}), fp32: exact vs chip numerics\n{switches}")

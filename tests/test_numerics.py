@@ -330,3 +330,18 @@ def test_numerics_drift_example_smoke(tmp_path):
     assert len(data["exact"]) == len(data["chip"]) == 3
     assert data["exact"] != data["chip"]                    # matmul HF32 on: the curves part
     assert {e["op"] for e in data["numerics_report"]} >= {"mm"}
+
+
+def test_chip_kernels_appear_in_the_device_timeline(chip):
+    x = torch.randn(8, 8, device="npu")
+    w = torch.randn(2, 1, 3, 3, device="npu")
+    C = torch_npu._C
+    C._npu_timeline_drain()
+    C._npu_timeline_enable(True)
+    try:
+        torch.mm(x, x)
+        F.conv2d(x.view(1, 1, 8, 8), w)
+    finally:
+        C._npu_timeline_enable(False)
+    names = [e[0] for e in C._npu_timeline_drain()]
+    assert names.count("aten::mm") == 1 and names.count("aten::convolution_overrideable") == 1

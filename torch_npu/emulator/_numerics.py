@@ -168,20 +168,23 @@ class _CubeOp:
         self.name, self.family, self.cube_args = name, family, cube_args
         self.cpu_fn = cpu_fn if cpu_fn is not None else getattr(torch.ops.aten, name).default
         self.inplace = name.endswith("_")
+        self.aten_name = f"aten::{name}"
 
     def __call__(self, *args, **kwargs):
         device = _device_of(args)
         cpu_args = [_cpu(a) for a in args]
         kind = rounding(self.family)
-        if kind is not None and all(cpu_args[i].dtype == torch.float32 for i in self.cube_args):
-            elements = changed = 0
-            for i in self.cube_args:
-                rounded, n_changed = torch_npu._C._emu_round_cube_input(cpu_args[i], int(kind))
-                cpu_args[i] = rounded
-                elements += rounded.numel()
-                changed += n_changed
-            _record(self.name, kind, elements, changed)
-        with torch_npu._C._NpuKernelScope(f"aten::{self.name}", "", device):
+        # inside the kernel scope: the rounded copies, like the outputs, come from
+        # the device pool (no page faults), and the timeline times the rounding too
+        with torch_npu._C._NpuKernelScope(self.aten_name, "", device):
+            if kind is not None and all(cpu_args[i].dtype == torch.float32 for i in self.cube_args):
+                elements = changed = 0
+                for i in self.cube_args:
+                    rounded, n_changed = torch_npu._C._emu_round_cube_input(cpu_args[i], int(kind))
+                    cpu_args[i] = rounded
+                    elements += rounded.numel()
+                    changed += n_changed
+                _record(self.name, kind, elements, changed)
             result = self.cpu_fn(*cpu_args, **kwargs)  # kwargs: scalars (beta, alpha)
             if self.inplace:
                 return args[0]  # the CPU kernel wrote through the alias of args[0]
@@ -227,8 +230,9 @@ def set_mode(mode: str) -> None:
         if mode == "chip":
             name = _settings.get("TORCH_NPU_EMU_DEVICE_NAME")
             if not _chip_modelled(name):
-                raise ValueError(f"numerics mode 'chip' models the Atlas A2/A3 SoCs (Ascend910B*, Ascend910_93*); "
-                                 f"the emulated device is {name} (TORCH_NPU_EMU_DEVICE_NAME)")
+                raise ValueError(f"numerics mode 'chip' (TORCH_NPU_EMU_NUMERICS, torch_npu.emulator.set_numerics) "
+                                 f"models the Atlas A2/A3 SoCs (Ascend910B*, Ascend910_93*); the emulated device is "
+                                 f"{name} (TORCH_NPU_EMU_DEVICE_NAME)")
             if _library is None:
                 _library = _install()
         elif _library is not None:

@@ -1,8 +1,9 @@
 """The emulated ACL option store behind ``set_option`` and friends.
 
 On hardware, options go to the ACL runtime through C++. The emulated device
-has no op compiler, precision modes or dump hooks, so the values are only
-remembered here; they are read back by the getters (``matmul.allow_hf32``,
+has no op compiler or dump hooks, so the values are remembered here; the
+precision options are read by chip numerics mode (torch_npu/emulator/_numerics.py)
+and every value is read back by the getters (``matmul.allow_hf32``,
 ``are_compatible_impl_enabled``, ``is_jit_compile_false``…), as bytes like the
 C++ getter returns them.
 """

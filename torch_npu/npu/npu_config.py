@@ -2,10 +2,12 @@
 limits and the ``config`` / ``matmul`` / ``conv`` switch objects.
 
 The emulated device computes every op with PyTorch's CPU kernels, so options
-that steer CANN (precision mode, op compiler cache, HF32, dump, AOE, core
-limits) cannot change results or speed here. They are validated exactly as
-on hardware, stored (``_option_store``) and read back by their getters, so
-code that configures them runs unchanged and sees consistent state.
+that steer CANN (op compiler cache, dump, AOE, core limits) cannot change
+results or speed here; the precision switches (HF32, ``cube_math_type``,
+``ACL_PRECISION_MODE``) change results only in chip numerics mode
+(torch_npu.emulator.set_numerics, docs/numerics.md). They are validated
+exactly as on hardware, stored (``_option_store``) and read back by their
+getters, so code that configures them runs unchanged and sees consistent state.
 """
 import enum
 import os
