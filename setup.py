@@ -26,7 +26,7 @@ setup(
     # The torch-npu console script: outside the package so that `torch-npu migrate` and
     # `--help` start without importing torch (see torch_npu_cli.py).
     py_modules=["torch_npu_cli"],
-    package_data={"torch_npu": ["_data/*.txt"]},
+    package_data={"torch_npu": ["_data/*.txt", "_data/*.tsv"]},
     # What `import torch_npu`, `torch_npu_run` and `torch-npu` need. The rest is optional and
     # named by the part that needs it: torch_npu.testing -> [testing] (expecttest).
     # [migrate] stays, empty, for installs that name it: `torch-npu migrate` parses with the

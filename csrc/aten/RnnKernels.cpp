@@ -290,13 +290,24 @@ bool needs_composite(const c10::OperatorHandle& op, const torch::jit::Stack& sta
   return fake;
 }
 
+// torch_npu's autocast list has no RNN rule: nn.LSTM/GRU reach their npu
+// kernels (the real package has them) in the dtype they are given. rnn_tanh and
+// rnn_relu have no npu kernel on the device, so there ATen's composite runs,
+// and under torch.autocast("npu") its linear/addmm calls are cast by their
+// own rows; running the composite here gives the same casts.
+bool decomposes_under_autocast(const c10::OperatorHandle& op) {
+  const std::string& name = op.schema().name();
+  return (name == "aten::rnn_tanh" || name == "aten::rnn_relu") &&
+         at::autocast::is_autocast_enabled(c10::DeviceType::PrivateUse1);
+}
+
 void rnn_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool autograd) {
   if (run_layer_by_layer(op, stack)) return;
   run_cpu_implementation(op, stack, autograd);
 }
 
 void rnn_npu(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
-  if (needs_composite(op, *stack)) {
+  if (needs_composite(op, *stack) || decomposes_under_autocast(op)) {
     op.callBoxedForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd, *stack);
     return;
   }
@@ -304,7 +315,7 @@ void rnn_npu(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Sta
 }
 
 void rnn_autograd_npu(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
-  if (needs_composite(op, *stack)) {
+  if (needs_composite(op, *stack) || decomposes_under_autocast(op)) {
     // Fake or functional tensors outside the Python dispatcher: ATen's
     // composite. (Under torch.compile's tracing the Python dispatcher runs
     // torch._decomp's RNN decompositions instead, see
@@ -313,25 +324,6 @@ void rnn_autograd_npu(const c10::OperatorHandle& op, c10::DispatchKeySet, torch:
     return;
   }
   rnn_kernel(op, stack, /*autograd=*/true);
-}
-
-// torch.autocast("npu"): the multi-layer RNNs run in the lower-precision
-// dtype, as CUDA's do (its autocast casts _cudnn_rnn's arguments, and the
-// cells are on the lower-precision list, which covers the *_cell ops here).
-void rnn_autocast_npu(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
-  constexpr auto npu = c10::DeviceType::PrivateUse1;
-  const at::ScalarType dtype = at::autocast::get_lower_precision_fp_from_device_type(npu);
-  const size_t nargs = op.schema().arguments().size();
-  for (size_t i = stack->size() - nargs; i < stack->size(); ++i) {
-    c10::IValue& iv = (*stack)[i];
-    if (iv.isTensor()) {
-      iv = at::autocast::cached_cast(dtype, iv.toTensor(), npu);
-    } else if (iv.isTensorList()) {
-      iv = at::autocast::cached_cast(dtype, at::TensorList(iv.toTensorVector()), npu);
-    }
-  }
-  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastPrivateUse1);
-  op.callBoxed(stack);
 }
 
 constexpr const char* kRnnOps[] = {"lstm.input",     "lstm.data",     "gru.input",  "gru.data",
@@ -350,12 +342,5 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
 TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {
   for (const char* name : torch_npu::kernels::kRnnOps) {
     m.impl(name, torch::CppFunction::makeFromBoxedFunction<&torch_npu::kernels::rnn_autograd_npu>());
-  }
-}
-
-TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m) {
-  for (const char* name : {"lstm.input", "lstm.data", "gru.input", "gru.data", "rnn_tanh.input", "rnn_tanh.data",
-                           "rnn_relu.input", "rnn_relu.data"}) {
-    m.impl(name, torch::CppFunction::makeFromBoxedFunction<&torch_npu::kernels::rnn_autocast_npu>());
   }
 }

@@ -9,6 +9,7 @@ from torch_npu.utils.combine_tensors import npu_combine_tensors, get_part_combin
 from torch_npu.utils.flops_count import FlopsCounter
 from torch_npu.utils.affinity import set_thread_affinity, reset_thread_affinity
 from torch_npu.utils import _cann, _cann_env  # noqa: F401
+from torch_npu.utils import storage  # noqa: F401  (torch_npu.utils.storage, as in the real package)
 
 
 def _install_patches():
