@@ -46,7 +46,7 @@ test-integration: install
 	tools/ensure_chromium.sh $(VENV)
 	echo 'torch==2.13.0' > $(VENV)/torch-pin.txt
 	$(INTEG_ENV) $(PY) -m pip install -q --disable-pip-version-check -c $(VENV)/torch-pin.txt -r requirements-integration.txt
-	$(INTEG_ENV) TORCH_NPU_INTEGRATION=1 timeout 1200 $(PY) -m pytest tests/integration -q -p no:cacheprovider
+	$(INTEG_ENV) TORCH_NPU_INTEGRATION=1 timeout 2400 $(PY) -m pytest tests/integration -q -p no:cacheprovider
 
 # The wheel that `pip install .` builds, installed with its dependencies into a clean venv
 # (no dev packages), then its commands: tools/wheel_smoke.sh.
