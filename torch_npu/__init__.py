@@ -141,7 +141,13 @@ torch_npu.distributed._install()
 torch_npu.multiprocessing.reductions._install()
 torch_npu.dynamo._install()
 
-# 8. Autoload hooks: restore the user's TORCH_DEVICE_BACKEND_AUTOLOAD, flush
+# 8. Optional features: TORCH_NPU_SANITIZER (any value) enables the NPU stream
+#    sanitizer (a dispatch mode over every op, fed by the runtime's trace).
+from torch_npu.npu import _sanitizer as _npu_sanitizer  # noqa: E402
+
+_npu_sanitizer._enable_if_asked()
+
+# 9. Autoload hooks: restore the user's TORCH_DEVICE_BACKEND_AUTOLOAD, flush
 #    autograd device threads at exit, TORCH_TRANSFER_TO_NPU (at the end of this file).
 _restore_autoload()
 
