@@ -62,6 +62,7 @@ class NPUSanitizer:
         self.enabled = False
         self.check_record_stream = False
         self._registered = False
+        self._trace_was_off = False
         # Runtime callbacks may come from another thread (a free in a worker thread).
         self._lock = threading.RLock()
 
@@ -81,6 +82,9 @@ class NPUSanitizer:
             success = self.enable_stream_check()
             self.mode = SanitizerMode.STREAM
         if success:
+            # Whether the runtime's hooks were off before: disable() then turns them off again.
+            mask = getattr(torch_npu._C, "_npu_trace_active_mask", None)
+            self._trace_was_off = mask is not None and mask() == 0
             torch_npu._C._activate_npu_trace(self.mode)
             self.enabled = True
 
@@ -109,10 +113,14 @@ class NPUSanitizer:
             self._register_callbacks()
         self.dispatch = _stream_check.NPUSanitizerDispatchMode(self.event_handler)
         self.dispatch.__enter__()
+        from torch_npu.utils._logging import get_logger
+        get_logger("env").info("NPU sanitizer enabled: stream check, record_stream check at frees %s",
+                               "on" if self.check_record_stream else "off (TORCH_NPU_SANITIZER=1 turns it on)")
         return True
 
     def disable(self):
-        """Stop checking: leave the dispatch mode and drop the handler's state."""
+        """Stop checking: leave the dispatch mode, drop the handler's state and turn the
+        runtime's trace hooks off again if enable() turned them on."""
         with self._lock:
             if self.dispatch is not None:
                 try:
@@ -120,6 +128,8 @@ class NPUSanitizer:
                 finally:
                     self.dispatch = None
             self.event_handler = None
+            if self.enabled and self._trace_was_off and hasattr(torch_npu._C, "_deactivate_npu_trace"):
+                torch_npu._C._deactivate_npu_trace()
             self.enabled = False
 
     def _register_callbacks(self):

@@ -361,7 +361,8 @@ class NPUArgumentHandler(csan.ArgumentHandler):
     def _handle_argument(self, value: Any, is_write: bool, metadata_only: bool, name: Optional[str] = None,
                          is_output: bool = False) -> None:
         if isinstance(value, torch.Tensor) and value.device.type == "cpu":
-            self.host_tensors.append(value)
+            if not (metadata_only or is_output):  # the host touches its data
+                self.host_tensors.append(value)
             return
         data_ptr = _npu_data_ptr(value)
         if data_ptr is None:
