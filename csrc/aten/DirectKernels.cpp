@@ -225,8 +225,9 @@ at::Scalar local_scalar_dense(const at::Tensor& self) {
   return at::_local_scalar_dense(cpu_alias(self));
 }
 
-void record_stream(at::Tensor&, c10::Stream) {
-  // Synchronous execution: a block is never in flight on another stream.
+void record_stream(at::Tensor& self, c10::Stream stream) {
+  // The caching allocator delays the block's reuse for `stream` (stream-ordered pools).
+  allocator::record_stream(self.storage().data_ptr(), stream);
 }
 
 at::Tensor convolution_overrideable(const at::Tensor& input, const at::Tensor& weight,

@@ -92,6 +92,9 @@ void add_kernel_observer(KernelObserver* observer);
 void remove_kernel_observer(KernelObserver* observer);
 // What the execution layer calls: nullptr when nobody observes.
 KernelObserver* kernel_observer();
+// The trace hooks' kernel mode (aten/KernelTrace.cpp): observe every kernel
+// and report its start and finish to core/NPUTrace.
+void enable_kernel_trace(bool on);
 
 // What every npu kernel body runs inside: CPU allocations go to the device
 // pool and the kernel observer sees the kernel. Used by the boxed path and

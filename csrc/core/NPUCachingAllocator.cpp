@@ -16,6 +16,8 @@
 #include <unordered_map>
 
 #include "core/NPUException.h"
+#include "core/NPUGuard.h"
+#include "core/NPUTrace.h"
 #include "core/Settings.h"
 #include "runtime/AclRuntime.h"
 
@@ -138,17 +140,28 @@ struct Block {
   size_t size;
   size_t requested = 0;
   char* ptr;
+  int64_t stream = 0;  // the stream it was allocated on; its segment belongs to that stream
   bool allocated = false;
   bool small;
+  // Streams added by record_stream (never the allocation stream). A freed
+  // block with any waits in `pending` until they have all progressed.
+  std::vector<int64_t> stream_uses;
+  bool pending = false;
+  uint64_t freed_tick = 0;
   int32_t format = -1;  // torch_npu private format of the storage (-1: the base format)
   Block* prev = nullptr;
   Block* next = nullptr;
-  Block(int d, size_t s, char* p, bool sm) : device(d), size(s), ptr(p), small(sm) {}
+  Block(int d, size_t s, char* p, bool sm, int64_t st) : device(d), size(s), ptr(p), stream(st), small(sm) {}
   bool is_split() const { return prev != nullptr || next != nullptr; }
+  // Free and in a pool (neither in use nor waiting for recorded streams).
+  bool is_free() const { return !allocated && !pending; }
 };
 
+// Pools are ordered by stream first, as CUDA's: a lookup only ever sees the
+// blocks of the requesting stream.
 struct BlockLess {
   bool operator()(const Block* a, const Block* b) const {
+    if (a->stream != b->stream) return a->stream < b->stream;
     if (a->size != b->size) return a->size < b->size;
     return a->ptr < b->ptr;
   }
@@ -156,6 +169,7 @@ struct BlockLess {
 
 struct DeviceState {
   std::set<Block*, BlockLess> small_free, large_free;
+  std::vector<Block*> pending;  // freed blocks waiting for their recorded streams
   std::set<Block*> segments;  // first block of each segment
   DeviceStats stats;
   uint64_t reserved = 0;
@@ -179,11 +193,12 @@ class Allocator {
     }
   }
 
-  void* malloc(size_t size, int device) {
+  void* malloc(size_t size, int device, int64_t stream) {
     LogScope logs;
     std::lock_guard<std::mutex> g(mu_);
     check_device(device);
     DeviceState& ds = devices_[device];
+    process_pending(ds);
     if (size >= kOneEB) {
       ds.stats.num_ooms++;
       TORCH_CHECK_WITH(OutOfMemoryError, false, "NPU out of memory. Tried to allocate more than 1EB memory.");
@@ -191,10 +206,10 @@ class Allocator {
     size_t rounded = round_size(size);
     bool small = rounded <= kSmallSize;
     auto& pool = small ? ds.small_free : ds.large_free;
-    Block* b = find_free(pool, rounded);
+    Block* b = find_free(pool, rounded, stream);
     if (b == nullptr) {
       maybe_collect(ds);
-      b = new_segment(ds, device, rounded, small, size);
+      b = new_segment(ds, device, rounded, small, size, stream);
     }
     b = split(ds, b, rounded);
     b->allocated = true;
@@ -202,6 +217,7 @@ class Allocator {
     b->format = -1;
     active_[b->ptr] = b;
     update_alloc_stats(ds, b, +1);
+    update_active_stats(ds, b, +1);
     report_to_profiler(ds, b, device, static_cast<int64_t>(b->size));
     return b->ptr;
   }
@@ -217,11 +233,39 @@ class Allocator {
     update_alloc_stats(ds, b, -1);
     report_to_profiler(ds, b, b->device, -static_cast<int64_t>(b->size));
     b->allocated = false;
-    b->requested = 0;
-    auto& pool = b->small ? ds.small_free : ds.large_free;
-    b = merge(ds, pool, b);
-    insert_free(ds, pool, b);
-    if (conf_.caching_disabled && !b->is_split()) release_segment(ds, pool, b);
+    if (!b->stream_uses.empty()) {
+      // CUDA records an event on each recorded stream and returns the block
+      // once they complete; here: once each stream has progressed (see
+      // process_pending). It stays active until then.
+      b->pending = true;
+      b->freed_tick = acl_emu::progress_tick();
+      ds.pending.push_back(b);
+      return;
+    }
+    return_to_pool(ds, b);
+  }
+
+  // Tensor.record_stream: the block may not be reused by its allocation
+  // stream before `stream` has progressed past the block's free.
+  void record_stream(void* ptr, const c10::Stream& stream) {
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = active_.find(ptr);
+    if (it == active_.end()) return;  // not a pool block (e.g. shared memory): nothing to delay
+    Block* b = it->second;
+    const int64_t id = stream.id();
+    if (id == b->stream) return;
+    if (std::find(b->stream_uses.begin(), b->stream_uses.end(), id) == b->stream_uses.end()) {
+      b->stream_uses.push_back(id);
+    }
+  }
+
+  // torch_npu.erase_stream: forget a record_stream mark.
+  void erase_stream(void* ptr, const c10::Stream& stream) {
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = active_.find(ptr);
+    if (it == active_.end()) return;
+    auto& uses = it->second->stream_uses;
+    uses.erase(std::remove(uses.begin(), uses.end(), stream.id()), uses.end());
   }
 
   int format_of(const void* ptr) {
@@ -247,7 +291,10 @@ class Allocator {
   void empty_cache() {
     LogScope logs;
     std::lock_guard<std::mutex> g(mu_);
-    for (auto& ds : devices_) release_cached(ds);
+    for (auto& ds : devices_) {
+      flush_pending(ds);
+      release_cached(ds);
+    }
   }
 
   DeviceStats stats(int device) {
@@ -286,16 +333,16 @@ class Allocator {
       std::vector<Block*> heads(devices_[d].segments.begin(), devices_[d].segments.end());
       std::sort(heads.begin(), heads.end(), [](Block* a, Block* b) { return a->ptr < b->ptr; });
       for (Block* h : heads) {
-        SegmentInfo si{static_cast<int>(d), reinterpret_cast<int64_t>(h->ptr), 0, 0, 0, 0, 0, !h->small, {}};
+        SegmentInfo si{static_cast<int>(d), reinterpret_cast<int64_t>(h->ptr), 0, 0, 0, 0, h->stream, !h->small, {}};
         for (Block* b = h; b != nullptr; b = b->next) {
           si.total_size += b->size;
           if (b->allocated) {
             si.allocated_size += b->size;
-            si.active_size += b->size;
             si.requested_size += b->requested;
           }
+          if (!b->is_free()) si.active_size += b->size;
           si.blocks.push_back({reinterpret_cast<int64_t>(b->ptr), static_cast<int64_t>(b->size),
-                               static_cast<int64_t>(b->requested), b->allocated});
+                               static_cast<int64_t>(b->requested), b->allocated, b->pending});
         }
         out.push_back(std::move(si));
       }
@@ -363,10 +410,10 @@ class Allocator {
     return kRoundLarge * ((size + kRoundLarge - 1) / kRoundLarge);
   }
 
-  Block* find_free(std::set<Block*, BlockLess>& pool, size_t size) {
-    Block key(0, size, nullptr, false);
+  Block* find_free(std::set<Block*, BlockLess>& pool, size_t size, int64_t stream) {
+    Block key(0, size, nullptr, false, stream);
     auto it = pool.lower_bound(&key);
-    if (it == pool.end()) return nullptr;
+    if (it == pool.end() || (*it)->stream != stream) return nullptr;
     Block* b = *it;
     // Oversize blocks are not split for smaller requests, and are only
     // reused for requests close to their size (CUDA's rule).
@@ -380,7 +427,7 @@ class Allocator {
     return static_cast<uint64_t>(std::floor(acl_emu::config().capacity * ds.fraction));
   }
 
-  Block* new_segment(DeviceState& ds, int device, size_t rounded, bool small, size_t requested) {
+  Block* new_segment(DeviceState& ds, int device, size_t rounded, bool small, size_t requested, int64_t stream) {
     size_t seg = segment_size(rounded);
     const uint64_t cap = acl_emu::config().capacity;
     const bool limited = ds.fraction < 1.0;
@@ -388,8 +435,10 @@ class Allocator {
     void* p = nullptr;
     if (fits()) acl_emu::aclrtMalloc(&p, seg, device);
     if (p == nullptr) {
-      // Free every cached segment and retry once, as the real allocator does.
+      // Wait for every recorded stream, free every cached segment and retry
+      // once, as the real allocator does.
       ds.stats.num_alloc_retries++;
+      flush_pending(ds);
       release_cached(ds);
       if (fits()) acl_emu::aclrtMalloc(&p, seg, device);
     }
@@ -415,7 +464,7 @@ class Allocator {
                        "max_split_size_mb to avoid fragmentation.",
                        PTA_ERROR(ErrCode::MEMORY));
     }
-    Block* b = new Block(device, seg, static_cast<char*>(p), small);
+    Block* b = new Block(device, seg, static_cast<char*>(p), small, stream);
     ds.reserved += seg;
     note(log::INFO, "device " + std::to_string(device) + ": new " + (small ? "small" : "large") + " segment of " +
                         format_size(seg) + " (reserved " + format_size(ds.reserved) + ")");
@@ -434,7 +483,7 @@ class Allocator {
     bool should = b->small ? remaining >= kMinBlockSize
                            : (size < conf_.max_split_size && remaining > kSmallSize);
     if (!should) return b;
-    Block* rest = new Block(b->device, remaining, b->ptr + size, b->small);
+    Block* rest = new Block(b->device, remaining, b->ptr + size, b->small, b->stream);
     rest->prev = b;
     rest->next = b->next;
     if (rest->next) rest->next->prev = rest;
@@ -465,7 +514,7 @@ class Allocator {
   }
 
   Block* merge(DeviceState& ds, std::set<Block*, BlockLess>& pool, Block* b) {
-    if (b->prev && !b->prev->allocated) {
+    if (b->prev && b->prev->is_free()) {
       Block* p = b->prev;
       erase_free(ds, pool, p);
       p->size += b->size;
@@ -474,7 +523,7 @@ class Allocator {
       delete b;
       b = p;
     }
-    if (b->next && !b->next->allocated) {
+    if (b->next && b->next->is_free()) {
       Block* n = b->next;
       erase_free(ds, pool, n);
       b->size += n->size;
@@ -490,21 +539,78 @@ class Allocator {
     for (int t : {ALL, b->small ? SMALL_POOL : LARGE_POOL}) {
       if (sign > 0) {
         s.allocation[t].increase(1);
-        s.active[t].increase(1);
         s.allocated_bytes[t].increase(b->size);
-        s.active_bytes[t].increase(b->size);
         s.requested_bytes[t].increase(b->requested);
       } else {
         s.allocation[t].decrease(1);
-        s.active[t].decrease(1);
         s.allocated_bytes[t].decrease(b->size);
-        s.active_bytes[t].decrease(b->size);
         s.requested_bytes[t].decrease(b->requested);
       }
     }
     if (b->size >= conf_.max_split_size) {
       if (sign > 0) s.oversize_allocations.increase(1); else s.oversize_allocations.decrease(1);
     }
+  }
+
+  // "active" covers a block from its allocation until it is back in a pool,
+  // so a block waiting for recorded streams is still active (CUDA's rule).
+  static void update_active_stats(DeviceState& ds, Block* b, int sign) {
+    for (int t : {ALL, b->small ? SMALL_POOL : LARGE_POOL}) {
+      if (sign > 0) {
+        ds.stats.active[t].increase(1);
+        ds.stats.active_bytes[t].increase(b->size);
+      } else {
+        ds.stats.active[t].decrease(1);
+        ds.stats.active_bytes[t].decrease(b->size);
+      }
+    }
+  }
+
+  void return_to_pool(DeviceState& ds, Block* b) {
+    update_active_stats(ds, b, -1);
+    b->pending = false;
+    b->requested = 0;
+    b->stream_uses.clear();
+    auto& pool = b->small ? ds.small_free : ds.large_free;
+    b = merge(ds, pool, b);
+    insert_free(ds, pool, b);
+    if (conf_.caching_disabled && !b->is_split()) release_segment(ds, pool, b);
+  }
+
+  // CUDA's process_events, on a synchronous device. There, a block freed
+  // after record_stream(B) returns to its pool when the event recorded on B
+  // at the free completes, which the host learns only by querying or
+  // synchronising. Here B's work is always done, so the emulator waits for
+  // the program's own evidence that B moved past the free: an event recorded
+  // on B or a synchronisation of B (or of the device) after the free. Reuse
+  // never comes earlier than hardware could allow, and is deterministic.
+  void process_pending(DeviceState& ds) {
+    if (ds.pending.empty()) return;
+    std::vector<Block*> still;
+    for (Block* b : ds.pending) {
+      bool done = true;
+      for (int64_t s : b->stream_uses) {
+        if (acl_emu::stream_progress(b->device, s) <= b->freed_tick) {
+          done = false;
+          break;
+        }
+      }
+      if (done) {
+        return_to_pool(ds, b);
+      } else {
+        still.push_back(b);
+      }
+    }
+    ds.pending.swap(still);
+  }
+
+  // CUDA's synchronize_and_free_events: wait for every recorded stream (done,
+  // on this device) and return all pending blocks.
+  void flush_pending(DeviceState& ds) {
+    ds.stats.num_sync_all_streams++;
+    std::vector<Block*> all;
+    all.swap(ds.pending);
+    for (Block* b : all) return_to_pool(ds, b);
   }
 
   void track_shared(DeviceState& ds, size_t size, int sign) {
@@ -577,7 +683,23 @@ Allocator& instance() {
 }
 
 void free_fn(void* ptr) {
-  if (ptr != nullptr) instance().free(ptr);
+  if (ptr == nullptr) return;
+  if (trace::stream_hooks_on()) trace::fire(trace::Kind::MemoryDeallocation, reinterpret_cast<uintptr_t>(ptr));
+  instance().free(ptr);
+}
+
+// Pool allocation on the device's current stream, reported to the trace.
+void* malloc_on_current_stream(size_t nbytes, int device) {
+  void* p = instance().malloc(nbytes, device, current_stream(device).id());
+  if (trace::stream_hooks_on()) {
+    try {
+      trace::fire(trace::Kind::MemoryAllocation, reinterpret_cast<uintptr_t>(p));
+    } catch (...) {
+      free_fn(p);  // a listener refused it: the caller gets the error, not a leaked block
+      throw;
+    }
+  }
+  return p;
 }
 
 class NPUAllocator final : public c10::DeviceAllocator {
@@ -593,7 +715,7 @@ class NPUAllocator final : public c10::DeviceAllocator {
   }
   bool initialized() override { return true; }
   void emptyCache(c10::MempoolId_t) override { instance().empty_cache(); }
-  void recordStream(const c10::DataPtr&, c10::Stream) override {}
+  void recordStream(const c10::DataPtr& data, c10::Stream stream) override { record_stream(data, stream); }
   DeviceStats getDeviceStats(c10::DeviceIndex device) override { return instance().stats(device); }
   void resetAccumulatedStats(c10::DeviceIndex device) override { instance().reset_accumulated(device); }
   void resetPeakStats(c10::DeviceIndex device) override { instance().reset_peak(device); }
@@ -623,7 +745,7 @@ c10::Allocator* get(int device) {
 
 c10::DataPtr allocate(size_t nbytes, int device, c10::Device label) {
   if (nbytes == 0) return {nullptr, nullptr, &free_fn, label};
-  void* p = instance().malloc(nbytes, device);
+  void* p = malloc_on_current_stream(nbytes, device);
   return {p, p, &free_fn, label};
 }
 
@@ -676,9 +798,27 @@ int storage_format(const void* ptr) { return instance().format_of(ptr); }
 bool set_storage_format(const void* ptr, int format) { return instance().set_format(ptr, format); }
 
 void* raw_alloc(size_t nbytes, int device) {
-  return nbytes == 0 ? nullptr : instance().malloc(nbytes, device);
+  return nbytes == 0 ? nullptr : malloc_on_current_stream(nbytes, device);
 }
 void raw_delete(void* ptr) { free_fn(ptr); }
+
+void record_stream(const c10::DataPtr& data, const c10::Stream& stream) {
+  // Only our pool blocks (context == pointer) carry stream uses; shared
+  // memory and foreign DataPtrs are left alone, as CUDA does.
+  if (data.get_deleter() != &free_fn || data.get() == nullptr) return;
+  if (trace::stream_hooks_on()) {
+    trace::fire(trace::Kind::RecordStream, reinterpret_cast<uintptr_t>(data.get()), trace::stream_handle(stream));
+  }
+  instance().record_stream(data.get(), stream);
+}
+
+void erase_stream(const c10::DataPtr& data, const c10::Stream& stream) {
+  if (data.get_deleter() != &free_fn || data.get() == nullptr) return;
+  if (trace::stream_hooks_on()) {
+    trace::fire(trace::Kind::EraseStream, reinterpret_cast<uintptr_t>(data.get()), trace::stream_handle(stream));
+  }
+  instance().erase_stream(data.get(), stream);
+}
 
 void init() { instance(); }
 void empty_cache() { instance().empty_cache(); }

@@ -7,6 +7,7 @@
 
 #include <c10/core/Allocator.h>
 #include <c10/core/CachingDeviceAllocator.h>
+#include <c10/core/Stream.h>
 
 #include <cstdint>
 #include <string>
@@ -23,6 +24,7 @@ enum StatIndex { ALL = 0, SMALL_POOL = 1, LARGE_POOL = 2, NUM_STAT_TYPES = 3 };
 struct BlockInfo {
   int64_t address, size, requested_size;
   bool allocated;
+  bool pending = false;  // freed, waiting for streams added by record_stream
 };
 struct SegmentInfo {
   int device;
@@ -64,6 +66,15 @@ c10::DataPtr import_shared(int handle, size_t nbytes, int device);
 // The handle (a file descriptor owned by the DataPtr) of a shared
 // allocation, or -1 when `data` is not one.
 int shared_handle(const c10::DataPtr& data);
+
+// Stream-ordered reuse, as CUDA's: a block is allocated on the device's
+// current stream and, once freed, reused only by allocations on that stream.
+// record_stream(data, s) marks a pool block as used on `s` too: when freed it
+// waits (active, out of the pools) until `s` has progressed past the free, see
+// Allocator::process_pending. erase_stream drops such a mark. Both ignore
+// memory that is not a pool block, and report to the trace hooks.
+void record_stream(const c10::DataPtr& data, const c10::Stream& stream);
+void erase_stream(const c10::DataPtr& data, const c10::Stream& stream);
 
 void* raw_alloc(size_t nbytes, int device);
 void raw_delete(void* ptr);

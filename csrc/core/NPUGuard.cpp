@@ -5,7 +5,9 @@
 
 #include <vector>
 
+#include "core/NPUCachingAllocator.h"
 #include "core/NPUException.h"
+#include "core/NPUTrace.h"
 #include "runtime/AclRuntime.h"
 
 namespace torch_npu {
@@ -53,7 +55,9 @@ struct NPUGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   c10::Stream getNewStream(c10::Device d, int priority) const override {
     int dev = d.has_index() ? d.index() : acl_emu::current_device_or_default();
     checked(dev);
-    return c10::Stream(c10::Stream::UNSAFE, c10::Device(kNPU, dev), acl_emu::stream_create(dev, priority));
+    c10::Stream s(c10::Stream::UNSAFE, c10::Device(kNPU, dev), acl_emu::stream_create(dev, priority));
+    if (trace::stream_hooks_on()) trace::fire(trace::Kind::StreamCreation, trace::stream_handle(s));
+    return s;
   }
   c10::Stream exchangeStream(c10::Stream s) const override {
     c10::Stream old = current_stream(s.device_index());
@@ -73,16 +77,26 @@ struct NPUGuardImpl final : public c10::impl::DeviceGuardImplInterface {
                 static_cast<int>(stream.device_index()), ".");
     auto* e = static_cast<EmuEvent*>(*event);
     if (e == nullptr) {
+      // Created at its first record, as CUDA's events are.
       e = new EmuEvent();
       e->timing = flag == c10::EventFlag::BACKEND_DEFAULT;
       *event = e;
+      if (trace::stream_hooks_on()) trace::fire(trace::Kind::EventCreation, event_handle(e));
     }
     e->device = stream.device_index();
     e->recorded_us = acl_emu::now_us();
+    acl_emu::note_stream_progress(stream.device_index(), stream.id());
+    if (trace::stream_hooks_on()) trace::fire(trace::Kind::EventRecord, event_handle(e), trace::stream_handle(stream));
   }
-  void block(void*, const c10::Stream&) const override {}
+  void block(void* event, const c10::Stream& stream) const override {
+    if (event != nullptr && trace::stream_hooks_on()) {
+      trace::fire(trace::Kind::EventWait, event_handle(event), trace::stream_handle(stream));
+    }
+  }
   bool queryEvent(void*) const override { return true; }
   void destroyEvent(void* event, const c10::DeviceIndex) const noexcept override {
+    if (event == nullptr) return;
+    if (trace::stream_hooks_on()) trace::fire(trace::Kind::EventDeletion, event_handle(event));  // never throws
     delete static_cast<EmuEvent*>(event);
   }
   // Every dtype can be allocated on the emulated device and converted there
@@ -93,10 +107,16 @@ struct NPUGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     return c10::DeviceCapability();
   }
   bool queryStream(const c10::Stream&) const override { return true; }
-  void synchronizeStream(const c10::Stream&) const override {}
-  void synchronizeEvent(void*) const override {}
-  void synchronizeDevice(const c10::DeviceIndex) const override {}
-  void recordDataPtrOnStream(const c10::DataPtr&, const c10::Stream&) const override {}
+  void synchronizeStream(const c10::Stream& stream) const override { synchronize_stream(stream); }
+  void synchronizeEvent(void* event) const override {
+    if (event != nullptr && trace::stream_hooks_on()) trace::fire(trace::Kind::EventSynchronization, event_handle(event));
+  }
+  void synchronizeDevice(const c10::DeviceIndex device) const override {
+    synchronize_device(device < 0 ? acl_emu::current_device_or_default() : device);
+  }
+  void recordDataPtrOnStream(const c10::DataPtr& data, const c10::Stream& stream) const override {
+    allocator::record_stream(data, stream);
+  }
   double elapsedTime(void* start, void* end, const c10::DeviceIndex) const override {
     auto* a = static_cast<EmuEvent*>(start);
     auto* b = static_cast<EmuEvent*>(end);
@@ -116,6 +136,19 @@ struct NPUGuardImpl final : public c10::impl::DeviceGuardImplInterface {
 C10_REGISTER_GUARD_IMPL(PrivateUse1, NPUGuardImpl);
 
 }  // namespace
+
+uint64_t event_handle(const void* event) { return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(event)); }
+
+void synchronize_stream(const c10::Stream& stream) {
+  acl_emu::note_stream_progress(stream.device_index(), stream.id());
+  if (trace::stream_hooks_on()) trace::fire(trace::Kind::StreamSynchronization, trace::stream_handle(stream));
+}
+
+void synchronize_device(int device) {
+  checked(device);
+  acl_emu::note_device_synchronized(device);
+  if (trace::stream_hooks_on()) trace::fire(trace::Kind::DeviceSynchronization);
+}
 
 c10::Stream current_stream(int device) {
   if (device < 0) device = acl_emu::current_device_or_default();

@@ -12,6 +12,15 @@ namespace torch_npu {
 c10::Stream current_stream(int device);
 void set_current_stream(const c10::Stream& stream);
 
+// The event identity the trace hooks report (torch.npu.Event.npu_event).
+uint64_t event_handle(const void* event);
+
+// Stream / device synchronisation: nothing to wait for on a synchronous
+// device, but the host now knows the stream(s) progressed (the allocator's
+// stream-ordered reuse) and the trace hooks report it.
+void synchronize_stream(const c10::Stream& stream);
+void synchronize_device(int device);
+
 struct EmuEvent {
   int device = -1;
   double recorded_us = -1;

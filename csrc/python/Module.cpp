@@ -40,6 +40,9 @@ void register_serialization();
 namespace shared_memory {
 void init_shared_memory_bindings(pybind11::module& m);  // torch.multiprocessing support
 }
+namespace trace_bindings {
+void init_trace_bindings(pybind11::module& m);  // _activate_npu_trace
+}
 }  // namespace torch_npu
 
 namespace {
@@ -123,7 +126,8 @@ py::dict memory_snapshot() {
       bd["address"] = b.address;
       bd["size"] = b.size;
       bd["requested_size"] = b.requested_size;
-      bd["state"] = b.allocated ? "active_allocated" : "inactive";
+      // CUDA's states; a freed block waiting for record_stream'd streams is pending.
+      bd["state"] = b.allocated ? "active_allocated" : (b.pending ? "active_pending_free" : "inactive");
       bd["frames"] = py::list();
       blocks.append(bd);
     }
@@ -171,6 +175,7 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "torch_npu C++ core (emulated Ascend NPU)";
   torch_npu::distributed::init_distributed_bindings(m);
   torch_npu::shared_memory::init_shared_memory_bindings(m);
+  torch_npu::trace_bindings::init_trace_bindings(m);
 
   // Done at import: before any npu op can run, the CPU allocator must be
   // redirectable and the explicit CPU kernels registered.
@@ -224,7 +229,14 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("_npu_setDevice", [](int64_t d) { NPU_CHECK_ERROR(acl_emu::aclrtSetDevice(static_cast<int32_t>(d))); });
   m.def("_npu_getDevice", [] { return acl_emu::current_device_or_default(); });
-  m.def("_npu_synchronize", [] {});
+  m.def("_npu_synchronize", [] { torch_npu::synchronize_device(acl_emu::current_device_or_default()); });
+  m.def("_npu_eraseStream", [](const at::Tensor& t, int64_t stream_id, int64_t device_index) {
+    torch_npu::allocator::erase_stream(
+        t.storage().data_ptr(),
+        c10::Stream(c10::Stream::UNSAFE,
+                    c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(device_index)),
+                    stream_id));
+  });
   // After fork: the next npu use (factories included) must go through
   // torch.npu._lazy_init(), which raises the fork error.
   m.def("_npu_set_run_yet_variable_to_false",

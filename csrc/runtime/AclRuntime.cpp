@@ -6,6 +6,8 @@
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <unordered_map>
+#include <algorithm>
 
 #include <sys/mman.h>
 #include <sys/syscall.h>
@@ -49,11 +51,15 @@ std::vector<int> visible_devices(int physical) {
 struct State {
   DeviceConfig cfg;
   std::vector<std::atomic<uint64_t>> used;
-  std::vector<std::atomic<int64_t>> streams;
+  std::atomic<int64_t> next_stream{1};
+  // Stream progress (see stream_progress): ticks under `progress_mu`.
+  std::mutex progress_mu;
+  std::atomic<uint64_t> tick{0};
+  std::unordered_map<int64_t, uint64_t> stream_seen;  // key: stream id (+ device for the default stream)
+  std::vector<uint64_t> device_synced;
   explicit State(DeviceConfig c)
-      : cfg(std::move(c)), used(cfg.visible.size()), streams(cfg.visible.size()) {
+      : cfg(std::move(c)), used(cfg.visible.size()), device_synced(cfg.visible.size(), 0) {
     for (auto& u : used) u = 0;
-    for (auto& s : streams) s = 1;
   }
 };
 
@@ -175,8 +181,36 @@ aclError aclrtUnmapShareable(void* ptr, size_t size, int handle) {
   return ACL_SUCCESS;
 }
 
-int64_t stream_create(int32_t device, int /*priority*/) {
-  return state().streams[device]++;
+int64_t stream_create(int32_t /*device*/, int /*priority*/) {
+  return state().next_stream++;
+}
+
+namespace {
+// Created streams have unique ids; default streams (0) are told apart by device.
+int64_t progress_key(int32_t device, int64_t stream) { return stream == 0 ? -1 - device : stream; }
+}  // namespace
+
+uint64_t progress_tick() { return state().tick.load(); }
+
+uint64_t stream_progress(int32_t device, int64_t stream) {
+  State& st = state();
+  std::lock_guard<std::mutex> g(st.progress_mu);
+  uint64_t dev = is_valid_device(device) ? st.device_synced[device] : 0;
+  auto it = st.stream_seen.find(progress_key(device, stream));
+  return std::max(dev, it == st.stream_seen.end() ? 0 : it->second);
+}
+
+void note_stream_progress(int32_t device, int64_t stream) {
+  State& st = state();
+  std::lock_guard<std::mutex> g(st.progress_mu);
+  st.stream_seen[progress_key(device, stream)] = ++st.tick;
+}
+
+void note_device_synchronized(int32_t device) {
+  if (!is_valid_device(device)) return;
+  State& st = state();
+  std::lock_guard<std::mutex> g(st.progress_mu);
+  st.device_synced[device] = ++st.tick;
 }
 
 

@@ -55,9 +55,21 @@ aclError aclrtFreeShareable(void* ptr, size_t size, int32_t device, int handle);
 aclError aclrtMapShareable(int handle, size_t size, void** ptr);
 aclError aclrtUnmapShareable(void* ptr, size_t size, int handle);
 
-// Streams: ids are per device; 0 is the default stream. Execution is
-// synchronous, so a stream only carries identity and ordering bookkeeping.
+// Streams: 0 is the default stream of every device (CUDA's null stream);
+// created streams get ids unique in the process, whatever their device, so
+// an id alone names a stream (the trace hooks and the sanitizer key on it).
+// Execution is synchronous, so a stream only carries identity and ordering
+// bookkeeping.
 int64_t stream_create(int32_t device, int priority);
+
+// What the host has observed of a stream's progress, for the allocator's
+// stream-ordered reuse. Every note advances one process-wide tick; a stream's
+// progress is the tick of the last event recorded on it or of its last
+// synchronisation (stream or whole device), whichever is later.
+uint64_t progress_tick();
+uint64_t stream_progress(int32_t device, int64_t stream);
+void note_stream_progress(int32_t device, int64_t stream);
+void note_device_synchronized(int32_t device);
 
 // Events record a host timestamp (microseconds) when recorded on a stream.
 double now_us();

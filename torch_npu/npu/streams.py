@@ -5,6 +5,11 @@ stream is always idle: ``query()`` is True, ``synchronize()`` returns at once,
 and an event's timestamp is the host time at which it was recorded. Code that
 orders work with streams and events stays correct; elapsed times measure the
 host-side execution, which *is* the device time here.
+
+Streams are still distinct all the way down: each ``Stream()`` has its own id
+(``npu_stream``), which the caching allocator orders its reuse by and the trace
+hooks (``torch_npu.utils._npu_trace``) report; records, waits and
+synchronisations reach the runtime.
 """
 import ctypes
 import time
@@ -48,10 +53,17 @@ class Stream(torch.Stream):
         return event
 
     def query(self):
-        return True
+        return super().query()
 
     def synchronize(self):
-        return None
+        r"""Wait for the stream's work (done already, here); reported to the runtime
+        and the trace hooks."""
+        super().synchronize()
+
+    @property
+    def npu_stream(self):
+        r"""The stream's native handle: its id, as the trace hooks report it."""
+        return self.stream_id
 
     def set_data_preprocess_stream(self, is_data_preprocess_stream=False):
         r"""Mark this stream as the data-preprocessing stream (a profiler tag on
@@ -119,6 +131,11 @@ class Event(torch.Event):
 
     def query(self):
         return super().query()
+
+    @property
+    def npu_event(self):
+        r"""The event's native handle as the trace hooks report it (0 until first recorded)."""
+        return self.event_id
 
     def elapsed_time(self, end_event):
         r"""Milliseconds between this event and ``end_event`` being recorded."""

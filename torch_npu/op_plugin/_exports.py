@@ -10,6 +10,7 @@ import sys
 
 import torch
 
+import torch_npu
 from torch_npu.op_plugin import _registry
 from torch_npu.utils._error_code import ErrCode, pta_error
 
@@ -21,10 +22,10 @@ EXTRA_PUBLIC = ("HiFloat8Tensor", "erase_stream", "matmul_checksum")
 def erase_stream(tensor, stream):
     """Remove the ``record_stream(stream)`` mark of ``tensor``'s memory block.
 
-    On hardware this lets the caching allocator reuse the block before the other
-    stream's work is known to be finished. The emulated NPU executes every op to
-    completion before returning, so ``record_stream`` marks nothing and there is
-    nothing to erase: after checking the arguments this returns ``None``.
+    This lets the caching allocator give the block back to its allocation
+    stream at free time without waiting for ``stream`` (the trace hooks report it
+    as ``npu_erase_stream``). Memory that is not a caching-allocator block is
+    left alone. Returns ``None``.
     """
     if not isinstance(tensor, torch.Tensor):
         raise TypeError("erase_stream(): argument 'tensor' must be Tensor, not %s" % type(tensor).__name__
@@ -32,6 +33,8 @@ def erase_stream(tensor, stream):
     if not isinstance(stream, torch.Stream):
         raise TypeError("erase_stream(): argument 'stream' must be torch_npu.npu.Stream, not %s"
                         % type(stream).__name__ + pta_error(ErrCode.TYPE))
+    if tensor.device.type == "npu" and stream.device.type == "npu":
+        torch_npu._C._npu_eraseStream(tensor, stream.stream_id, stream.device_index)
     return None
 
 
