@@ -54,6 +54,8 @@ _aten = torch.ops.aten
 _COPIES = (_aten._to_copy.default, _aten.copy_.default)
 # Reads of one npu value into a host scalar: the host waits for the stream.
 _HOST_SCALAR_READS = (_aten._local_scalar_dense.default,)
+# Ops on a host tensor that read no data (no host access for the non_blocking copy check).
+_HOST_METADATA_OPS = (_aten.is_pinned.default,)
 
 
 def _stack_trace() -> traceback.StackSummary:
@@ -66,7 +68,9 @@ def _stack_trace() -> traceback.StackSummary:
 def _current_stream_id(device_index: Optional[int] = None) -> int:
     """Id of the current stream of ``device_index`` (the current device when None), as the
     runtime reports it to the trace callbacks."""
-    stream_id, _, _ = torch_npu._C._npu_getCurrentStream(-1 if device_index is None else device_index)
+    if device_index is None:
+        device_index = torch_npu._C._npu_getDevice()
+    stream_id, _, _ = torch_npu._C._npu_getCurrentStream(device_index)
     return int(stream_id)
 
 
@@ -428,7 +432,8 @@ class NPUSanitizerDispatchMode(TorchDispatchMode):
         operator = str(schema)
         errors = []
         check_host = getattr(self.event_handler, "_check_host_access", None)
-        if check_host is not None and handler.host_tensors and self.event_handler._pending_host_copies:
+        if (check_host is not None and handler.host_tensors and self.event_handler._pending_host_copies
+                and func not in _HOST_METADATA_OPS):
             errors += check_host(handler.host_tensors, operator)
 
         outputs = func(*args, **kwargs)
