@@ -142,10 +142,12 @@ torch_npu.multiprocessing.reductions._install()
 torch_npu.dynamo._install()
 
 # 8. Optional features: TORCH_NPU_SANITIZER (any value) enables the NPU stream
-#    sanitizer (a dispatch mode over every op, fed by the runtime's trace).
-from torch_npu.npu import _sanitizer as _npu_sanitizer  # noqa: E402
+#    sanitizer (a dispatch mode over every op, fed by the runtime's trace);
+#    imported only then.
+if _settings.is_set("TORCH_NPU_SANITIZER"):
+    from torch_npu.npu import _sanitizer as _npu_sanitizer
 
-_npu_sanitizer._enable_if_asked()
+    _npu_sanitizer.enable_npu_sanitizer()
 
 # 9. Autoload hooks: restore the user's TORCH_DEVICE_BACKEND_AUTOLOAD, flush
 #    autograd device threads at exit, TORCH_TRANSFER_TO_NPU (at the end of this file).

@@ -112,6 +112,7 @@ class NPUSanitizer:
             self.event_handler = _stream_check.NPURecordStreamHandler(self.check_record_stream)
             self._register_callbacks()
         self.dispatch = _stream_check.NPUSanitizerDispatchMode(self.event_handler)
+        self.dispatch.lock = self._lock
         self.dispatch.__enter__()
         from torch_npu.utils._logging import get_logger
         get_logger("env").info("NPU sanitizer enabled: stream check, record_stream check at frees %s",
@@ -163,12 +164,6 @@ def enable_npu_sanitizer():
     """Enable the NPU sanitizer (see :class:`NPUSanitizer`). For best results call it at
     the start of the program: allocations and streams made before are backfilled."""
     npu_sanitizer.enable()
-
-
-def _enable_if_asked():
-    """Start-up step: ``TORCH_NPU_SANITIZER`` set (to any value) enables the sanitizer."""
-    if _settings.is_set("TORCH_NPU_SANITIZER"):
-        enable_npu_sanitizer()
 
 
 npu_sanitizer = NPUSanitizer()

@@ -30,6 +30,7 @@ The runtime events (allocations, frees, events, synchronisations,
 ``record_stream``) arrive through ``torch_npu.utils._npu_trace``; see
 ``torch_npu.npu._sanitizer`` for the wiring.
 """
+import contextlib
 import inspect
 import io
 import logging
@@ -419,6 +420,9 @@ class NPUSanitizerDispatchMode(TorchDispatchMode):
         # (``torch-npu preflight --stream-check``) instead of printing and raising.
         self.raise_errors = True
         self.collected_errors: List[csan.SynchronizationError] = []
+        # Held around the handler's updates; the sanitizer shares it with the runtime's
+        # callbacks, which may come from other threads.
+        self.lock = contextlib.nullcontext()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = {} if kwargs is None else kwargs
@@ -434,7 +438,8 @@ class NPUSanitizerDispatchMode(TorchDispatchMode):
         check_host = getattr(self.event_handler, "_check_host_access", None)
         if (check_host is not None and handler.host_tensors and self.event_handler._pending_host_copies
                 and func not in _HOST_METADATA_OPS):
-            errors += check_host(handler.host_tensors, operator)
+            with self.lock:
+                errors += check_host(handler.host_tensors, operator)
 
         outputs = func(*args, **kwargs)
 
@@ -446,11 +451,12 @@ class NPUSanitizerDispatchMode(TorchDispatchMode):
                 logger.info("No current npu stream (%s); launch of %s not recorded", err, operator)
                 stream = None
             if stream is not None:
-                errors += self.check_errors(func, stream, raise_errors=False)
-                if func in _COPIES and hasattr(self.event_handler, "_add_pending_host_copy"):
-                    self._track_host_copy(func, args, kwargs, outputs, stream, operator)
-                elif func in _HOST_SCALAR_READS and hasattr(self.event_handler, "_handle_host_wait_for_stream"):
-                    self.event_handler._handle_host_wait_for_stream(stream)
+                with self.lock:
+                    errors += self.check_errors(func, stream, raise_errors=False)
+                    if func in _COPIES and hasattr(self.event_handler, "_add_pending_host_copy"):
+                        self._track_host_copy(func, args, kwargs, outputs, stream, operator)
+                    elif func in _HOST_SCALAR_READS and hasattr(self.event_handler, "_handle_host_wait_for_stream"):
+                        self.event_handler._handle_host_wait_for_stream(stream)
         if errors:
             if not self.raise_errors:
                 room = self.MAX_COLLECTED - len(self.collected_errors)
