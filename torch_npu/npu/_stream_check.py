@@ -34,6 +34,7 @@ import contextlib
 import inspect
 import io
 import logging
+import os
 import sys
 import textwrap
 import traceback
@@ -59,11 +60,34 @@ _HOST_SCALAR_READS = (_aten._local_scalar_dense.default,)
 _HOST_METADATA_OPS = (_aten.is_pinned.default,)
 
 
+# Frames of the sanitizer's own machinery, and the wrappers torch puts around a
+# dispatch mode: cut from the traces shown to the user.
+_MACHINERY = tuple(os.path.join(os.path.dirname(torch_npu.__file__), *p) for p in (
+    ("npu", "_stream_check.py"), ("npu", "_sanitizer.py"), ("utils", "_npu_trace.py")))
+_WRAPPERS = tuple(os.path.join(os.path.dirname(torch.__file__), *p) for p in (
+    ("_compile.py",), ("_dynamo", "eval_frame.py"), ("_ops.py",)))
+
+
+def _trim(trace: Optional[traceback.StackSummary]) -> Optional[traceback.StackSummary]:
+    """Cut ``trace`` (in place) at the sanitizer's own frames, so it ends at the code that
+    ran the op (or allocated the memory)."""
+    if not trace:
+        return trace
+    cut = next((i for i, frame in enumerate(trace) if frame.filename in _MACHINERY), None)
+    if cut is not None:
+        while cut > 0 and trace[cut - 1].filename in _WRAPPERS:
+            cut -= 1
+        if cut > 0:
+            del trace[cut:]
+    return trace
+
+
 def _stack_trace() -> traceback.StackSummary:
-    """The caller's stack, outermost frame first (as CSAN records it)."""
+    """The caller's stack, outermost frame first (as CSAN records it), without the
+    sanitizer's frames."""
     trace = traceback.StackSummary.extract(traceback.walk_stack(inspect.currentframe()), lookup_lines=False)
     trace.reverse()
-    return trace
+    return _trim(trace)
 
 
 def _current_stream_id(device_index: Optional[int] = None) -> int:
@@ -235,6 +259,7 @@ class NPURecordStreamHandler(csan.EventHandler):
     def _handle_memory_allocation(self, data_ptr: csan.DataPtr, stream: Optional[csan.StreamId] = None) -> None:
         """An allocation; ``stream`` is the allocation stream (the current one when None)."""
         super()._handle_memory_allocation(data_ptr)
+        _trim(self.tensors_accessed.get_allocation_stack_trace(data_ptr))
         if stream is None:
             try:
                 stream = _current_stream_id()
@@ -280,6 +305,12 @@ class NPURecordStreamHandler(csan.EventHandler):
         """CSAN's race check, then the cross-stream uses of tracked allocations
         (by storage start, which is what allocation and record_stream report)."""
         errors = super()._handle_kernel_launch(stream, read_only, read_write, outputs, operator, tensor_aliases)
+        # CSAN's accesses of this launch share one stack trace (the latest read or write).
+        for data_ptr in read_write or read_only:
+            info = self.tensors_accessed.accesses[data_ptr]
+            access = info.write if data_ptr in read_write else info.reads[-1]
+            _trim(access.stack_trace)
+            break
         accessed = storage_dataptrs_accessed if storage_dataptrs_accessed is not None else (read_only | read_write)
         self._record_cross_stream_usage(stream, accessed, operator)
         return errors
