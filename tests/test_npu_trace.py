@@ -275,3 +275,22 @@ def test_csan_event_handler_accepts_the_callbacks():
     gc.collect()
     assert x_ptr not in handler.tensors_accessed.accesses
 
+
+
+def test_block_stream_is_known_in_the_allocation_and_deallocation_callbacks():
+    seen = []
+    for kind in ("npu_memory_allocation", "npu_memory_deallocation"):
+        getattr(trace, "register_callback_for_" + kind)(
+            lambda ptr, _k=kind: seen.append((_k, torch_npu._C._npu_block_stream(ptr))), "block-stream")
+    torch_npu._C._activate_npu_trace(0)
+    s = torch.npu.Stream()
+    with torch.npu.stream(s):
+        z = torch.empty(50, device="npu")
+        # Another device's allocation uses that device's current stream (its default here).
+        w = torch.empty(50, device="npu:1")
+    ptr = z.untyped_storage().data_ptr()
+    assert torch_npu._C._npu_block_stream(ptr) == s.npu_stream
+    del z, w
+    assert seen == [("npu_memory_allocation", s.npu_stream), ("npu_memory_allocation", 0),
+                    ("npu_memory_deallocation", s.npu_stream), ("npu_memory_deallocation", 0)]
+    assert torch_npu._C._npu_block_stream(ptr) == -1

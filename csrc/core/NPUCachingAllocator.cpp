@@ -193,12 +193,14 @@ class Allocator {
     }
   }
 
-  void* malloc(size_t size, int device, int64_t stream) {
+  // Allocates on the device's current stream.
+  void* malloc(size_t size, int device) {
     LogScope logs;
     std::lock_guard<std::mutex> g(mu_);
     check_device(device);
+    const int64_t stream = current_stream_id(device);
     DeviceState& ds = devices_[device];
-    process_pending(ds);
+    if (!ds.pending.empty()) process_pending(ds);
     if (size >= kOneEB) {
       ds.stats.num_ooms++;
       TORCH_CHECK_WITH(OutOfMemoryError, false, "NPU out of memory. Tried to allocate more than 1EB memory.");
@@ -280,6 +282,12 @@ class Allocator {
     if (it == active_.end()) return false;
     it->second->format = format;
     return true;
+  }
+
+  int64_t stream_of(const void* ptr) {
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = active_.find(const_cast<void*>(ptr));
+    return it == active_.end() ? -1 : it->second->stream;
   }
 
   int device_of(const void* ptr) {
@@ -585,7 +593,6 @@ class Allocator {
   // on B or a synchronisation of B (or of the device) after the free. Reuse
   // never comes earlier than hardware could allow, and is deterministic.
   void process_pending(DeviceState& ds) {
-    if (ds.pending.empty()) return;
     std::vector<Block*> still;
     for (Block* b : ds.pending) {
       bool done = true;
@@ -690,7 +697,7 @@ void free_fn(void* ptr) {
 
 // Pool allocation on the device's current stream, reported to the trace.
 void* malloc_on_current_stream(size_t nbytes, int device) {
-  void* p = instance().malloc(nbytes, device, current_stream(device).id());
+  void* p = instance().malloc(nbytes, device);
   if (trace::stream_hooks_on()) {
     try {
       trace::fire(trace::Kind::MemoryAllocation, reinterpret_cast<uintptr_t>(p));
@@ -794,6 +801,7 @@ int shared_handle(const c10::DataPtr& data) {
 
 c10::DeleterFnPtr deleter() { return &free_fn; }
 int device_of(const void* ptr) { return instance().device_of(ptr); }
+int64_t stream_of(const void* ptr) { return instance().stream_of(ptr); }
 int storage_format(const void* ptr) { return instance().format_of(ptr); }
 bool set_storage_format(const void* ptr, int format) { return instance().set_format(ptr, format); }
 

@@ -48,6 +48,8 @@ void free_ptr(void* ptr);
 c10::DeleterFnPtr deleter();
 // Device owning `ptr` if it is an allocation of ours, else -1.
 int device_of(const void* ptr);
+// Stream the block starting at `ptr` was allocated on, while it is in use, else -1.
+int64_t stream_of(const void* ptr);
 // torch_npu's private format tag of the allocation starting at `ptr`: it
 // lives with the memory, so every view of a storage sees it. -1 = not set
 // (the base format); a fresh or reused block starts unset.

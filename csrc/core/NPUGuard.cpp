@@ -156,6 +156,8 @@ c10::Stream current_stream(int device) {
   return c10::Stream(c10::Stream::UNSAFE, c10::Device(kNPU, device), tls_streams()[device]);
 }
 
+c10::StreamId current_stream_id(int device) { return tls_streams()[device]; }
+
 void set_current_stream(const c10::Stream& stream) {
   checked(stream.device_index());
   tls_streams()[stream.device_index()] = stream.id();

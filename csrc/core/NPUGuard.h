@@ -10,6 +10,8 @@ namespace torch_npu {
 
 // The current stream of `device` on this thread (default stream id 0).
 c10::Stream current_stream(int device);
+// Its id only, for a device the caller has validated (the allocator's hot path).
+c10::StreamId current_stream_id(int device);
 void set_current_stream(const c10::Stream& stream);
 
 // The event identity the trace hooks report (torch.npu.Event.npu_event).

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "aten/OpExecution.h"
+#include "core/NPUCachingAllocator.h"
 #include "core/NPUTrace.h"
 
 namespace py = pybind11;
@@ -76,6 +77,10 @@ void init_trace_bindings(py::module& m) {
     exec::enable_kernel_trace(false);
   });
   m.def("_npu_trace_active_mask", [] { return trace::active_mask(); });
+  // The allocation stream of a block in use (-1: not a caching-allocator block in use).
+  m.def("_npu_block_stream", [](uint64_t ptr) {
+    return allocator::stream_of(reinterpret_cast<const void*>(static_cast<uintptr_t>(ptr)));
+  });
 }
 
 }  // namespace torch_npu::trace_bindings

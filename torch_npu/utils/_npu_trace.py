@@ -51,7 +51,11 @@ Identity rule (what a listener may rely on):
   ``untyped_storage().data_ptr()`` of the tensor that owns it. Allocation is
   reported after the block is taken, deallocation when the last reference goes
   (before the block can be reused); ``npu_record_stream`` / ``npu_erase_stream``
-  carry the block pointer of the tensor's storage.
+  carry the block pointer of the tensor's storage. The stream a block was
+  allocated on (the current stream of its device at allocation) is
+  ``torch_npu._C._npu_block_stream(data_ptr)`` while the block is in use,
+  including inside the deallocation callback (``-1`` for memory that is not a
+  caching-allocator block).
 
 Order: each report fires synchronously, on the thread doing the work, before the
 call that caused it returns (``Event.record`` fires creation, then record).
