@@ -80,6 +80,17 @@ def missing_record_stream_fixed_by_wait_stream():
     return {}
 
 
+def side_stream_tensor_freed_after_default_use():
+    s = side_stream()
+    with torch.npu.stream(s):
+        x = torch.ones(N, device="npu")  # ALLOC-ON-SIDE
+    torch.npu.current_stream().wait_stream(s)
+    y = x * 2  # DEFAULT-USE
+    INFO.update(ptr=x.untyped_storage().data_ptr(), side=s.stream_id)
+    del x
+    return {}
+
+
 def missing_record_stream_flush():
     x = torch.ones(N, device="npu")
     s = side_stream()

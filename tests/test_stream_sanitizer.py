@@ -48,6 +48,7 @@ def _collect(proc):
 LOCAL = ["race_read_without_wait_stream", "race_read_without_wait_stream_fixed",
          "missing_record_stream", "missing_record_stream_fixed_by_record_stream",
          "missing_record_stream_fixed_by_wait_stream", "missing_record_stream_flush",
+         "side_stream_tensor_freed_after_default_use",
          "non_blocking_copy_read_early", "non_blocking_copy_read_after_synchronize",
          "non_blocking_copy_read_after_event_synchronize", "blocking_copy_read",
          "event_waited_before_record", "event_recorded_then_waited"]
@@ -149,6 +150,16 @@ def test_free_after_side_stream_use_without_record_stream_is_reported(outcomes):
                                  "missing_record_stream_fixed_by_wait_stream"])
 def test_record_stream_or_wait_stream_fixes_the_free(outcomes, fix):
     clean(case(outcomes, fix))
+
+
+def test_allocation_stream_is_the_blocks_stream(outcomes):
+    # made on the side stream, used on the default one: the side stream is the allocation stream
+    r = case(outcomes, "side_stream_tensor_freed_after_default_use")
+    assert r["raised"] is None
+    assert [(e["data_ptr"], e["allocation_stream"], e["usage_stream"]) for e in r["record_stream_errors"]] == [
+        (r["info"]["ptr"], r["info"]["side"], 0)]
+    assert "# ALLOC-ON-SIDE" in r["record_stream_errors"][0]["text"]
+    assert "# DEFAULT-USE" in r["record_stream_errors"][0]["text"]
 
 
 def test_flush_reports_live_tensors_used_across_streams(outcomes):

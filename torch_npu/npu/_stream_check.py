@@ -99,6 +99,20 @@ def _current_stream_id(device_index: Optional[int] = None) -> int:
     return int(stream_id)
 
 
+def _allocation_stream(data_ptr: int) -> Optional[int]:
+    """The stream the caching allocator gave the block at ``data_ptr`` to (the current
+    stream when the allocator does not know the block); None when there is none."""
+    block_stream = getattr(torch_npu._C, "_npu_block_stream", None)
+    if block_stream is not None:
+        stream = block_stream(data_ptr)
+        if stream >= 0:
+            return int(stream)
+    try:
+        return _current_stream_id()
+    except RuntimeError:
+        return None
+
+
 def _npu_data_ptr(value) -> Optional[int]:
     """The data pointer of an npu tensor with storage; None for anything else (CPU, meta,
     fake and wrapper tensors have no npu memory to race on)."""
@@ -261,10 +275,7 @@ class NPURecordStreamHandler(csan.EventHandler):
         super()._handle_memory_allocation(data_ptr)
         _trim(self.tensors_accessed.get_allocation_stack_trace(data_ptr))
         if stream is None:
-            try:
-                stream = _current_stream_id()
-            except RuntimeError:
-                stream = None
+            stream = _allocation_stream(data_ptr)
         self._npu_tensors[data_ptr] = NPUTensorInfo(
             allocation_stream=stream,
             allocation_stack_trace=self.tensors_accessed.get_allocation_stack_trace(data_ptr))
