@@ -146,3 +146,61 @@ def test_a_script_stuck_in_a_c_call_is_killed_at_the_deadline_and_reported(tmp_p
     assert "was killed" in r["partial"] and r["wall_seconds"] <= 5.5, r
     assert r["steps"] <= 2  # fewer when the child was still starting under load
     assert wall < 2 * 5 + 2 * startup, (wall, startup)
+
+
+_STREAM_BUG = """\
+import torch, torch_npu
+w = torch.zeros(64, device="npu", requires_grad=True)
+side = torch.npu.Stream()
+opt = torch.optim.SGD([w], lr=0.1)
+for step in range(100):
+    x = torch.ones(64, device="npu")
+    side.wait_stream(torch.npu.current_stream())
+    with torch.npu.stream(side):
+        x.mul_(2)
+    {fix}
+    loss = (w * x).sum()
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+def test_stream_check_lists_the_sanitizer_findings(tmp_path):
+    buggy, fixed = tmp_path / "stream_bug.py", tmp_path / "stream_fixed.py"
+    buggy.write_text(_STREAM_BUG.format(fix="pass"))
+    fixed.write_text(_STREAM_BUG.format(fix="torch.npu.current_stream().wait_stream(side); x.record_stream(side)"))
+    procs = {"buggy": _preflight("--stream-check", "--steps", 3, "--no-time", buggy),
+             "fixed": _preflight("--stream-check", "--steps", 3, "--no-time", fixed),
+             "off": _preflight("--steps", 3, "--no-time", buggy),
+             "text": subprocess.Popen([sys.executable, "-m", "torch_npu", "preflight", "--stream-check", "--steps",
+                                       "2", "--no-time", str(buggy)], cwd=str(REPO), env=make_env(),
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)}
+    rc, r, err = _report(procs["buggy"])
+    # the script goes on after each finding: all three steps ran
+    assert rc == 0 and r["outcome"] == "max-steps" and r["steps"] == 3 and r["stream_check"], err[-3000:]
+    found = {(f["kind"], f["site"].rsplit(":", 1)[1], f["other_site"].rsplit(":", 1)[1]): f
+             for f in r["stream_findings"]}
+    assert all(f["site"].startswith(str(buggy)) for f in r["stream_findings"]), r["stream_findings"]
+    # the read of x on the default stream (line 11) races with its write on the side stream (line 9)
+    race = found[("unsynchronized access", "11", "9")]
+    assert race["count"] == 3 and race["operator"].startswith("aten::mul.Tensor(")
+    assert race["other_operator"].startswith("aten::mul_.Tensor(") and race["stream"] == 0
+    assert race["other_stream"] != 0 and race["access"] == "reading from" and race["other_access"] == "writing to"
+    # x, allocated on the default stream (line 6) and used on the side stream (line 9), is freed at
+    # the next iteration without record_stream
+    missing = found[("missing record_stream", "9", "6")]
+    assert missing["count"] >= 2 and missing["stream"] == race["other_stream"] and missing["other_stream"] == 0
+    assert set(k[0] for k in found) <= {"unsynchronized access", "missing record_stream"}
+
+    rc, r, err = _report(procs["fixed"])
+    assert rc == 0 and r["steps"] == 3 and r["stream_check"] and r["stream_findings"] == [], (r, err[-2000:])
+
+    rc, r, err = _report(procs["off"])
+    assert rc == 0 and r["steps"] == 3 and not r["stream_check"] and r["stream_findings"] == []
+
+    out, err = procs["text"].communicate(timeout=300)
+    assert procs["text"].returncode == 0, err[-2000:]
+    section = out.split("stream check, NPU sanitizer (", 1)[1]
+    assert section.split(" ", 1)[0] != "0" and f"unsynchronized access x2: {buggy}:11 (aten::mul.Tensor" in section
+    assert f"against {buggy}:9 (aten::mul_.Tensor, stream " in section

@@ -156,7 +156,9 @@ BAD = {
 # Passed through untouched: any string is a value their owner accepts.
 ANY_STRING = {"TORCH_DEVICE_BACKEND_AUTOLOAD", "TORCH_NPU_LOGS_FILTER", "ASCEND_HOME_PATH", "DS_ACCELERATOR",
               "ASCEND_TOOLKIT_HOME", "ASCEND_AICPU_PATH", "ASCEND_OPP_PATH", "TOOLCHAIN_HOME", "XDG_CACHE_HOME",
-              "ACCELERATE_TORCH_DEVICE", "PYTORCH_TESTING_DEVICE_ONLY_FOR", "PYTORCH_TESTING_DEVICE_EXCEPT_FOR"}
+              "ACCELERATE_TORCH_DEVICE", "PYTORCH_TESTING_DEVICE_ONLY_FOR", "PYTORCH_TESTING_DEVICE_EXCEPT_FOR",
+              # the real torch_npu enables the sanitizer when the variable is present, whatever its value
+              "TORCH_NPU_SANITIZER", "ASCEND_OPP_DEBUG_PATH"}
 
 GOOD = {
     "TORCH_NPU_EMU_MEMORY": [("512MiB", 512 << 20), ("1.5GiB", 3 << 29), ("1e3", 1000), ("64g", 64 << 30),

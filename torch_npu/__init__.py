@@ -144,7 +144,15 @@ torch_npu.dynamo._install()
 #    TORCH_NPU_EMU_NUMERICS=chip: the chip-numerics kernels (none in the default exact mode).
 torch_npu.emulator._numerics.apply_setting()
 
-# 8. Autoload hooks: restore the user's TORCH_DEVICE_BACKEND_AUTOLOAD, flush
+# 8. Optional features: TORCH_NPU_SANITIZER (any value) enables the NPU stream
+#    sanitizer (a dispatch mode over every op, fed by the runtime's trace);
+#    imported only then.
+if _settings.is_set("TORCH_NPU_SANITIZER"):
+    from torch_npu.npu import _sanitizer as _npu_sanitizer
+
+    _npu_sanitizer.enable_npu_sanitizer()
+
+# 9. Autoload hooks: restore the user's TORCH_DEVICE_BACKEND_AUTOLOAD, flush
 #    autograd device threads at exit, TORCH_TRANSFER_TO_NPU (at the end of this file).
 _restore_autoload()
 

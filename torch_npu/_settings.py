@@ -212,6 +212,15 @@ _ALL: List[Setting] = [
             "Internal: 1 once transfer_to_npu printed its banner and one-time warnings in a parent "
             "process (launcher, rank 0, mp.spawn parent), so the processes it starts stay quiet.",
             "torch_npu/contrib/transfer_to_npu.py", "call"),
+    Setting("TORCH_NPU_SANITIZER", _TEXT_OR_EMPTY, None,
+            "Set (to any value): `import torch_npu` enables the NPU stream sanitizer "
+            "(torch_npu.npu._sanitizer.enable_npu_sanitizer()); `1` also reports missing "
+            "record_stream calls when memory is freed. See docs/stream-sanitizer.md.",
+            "torch_npu/__init__.py; torch_npu/npu/_sanitizer.py", "import"),
+    Setting("ASCEND_OPP_DEBUG_PATH", _TEXT_OR_EMPTY, None,
+            "CANN debug kernels directory; when set, the sanitizer picks its kernel check, which "
+            "has nothing to check on the emulated NPU (unset it for the stream check).",
+            "torch_npu/npu/_sanitizer.py", "call", owner="CANN"),
     Setting("TORCH_NPU_EMU_AUTOGRAD_THREADS", _FLAG, False,
             "1: keep PyTorch's per-device autograd threads for npu backward (default: the calling thread).",
             "torch_npu/__init__.py", "import"),

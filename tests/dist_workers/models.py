@@ -48,3 +48,12 @@ def reference_steps(steps, lr=0.1, seed=0, grad_transform=None):
         opt.step()
         losses.append(loss.item())
     return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def full_params(model):
+    """name -> full CPU tensor (gathers DTensor shards)."""
+    out = {}
+    for name, p in model.named_parameters():
+        t = p.full_tensor() if hasattr(p, "full_tensor") else p
+        out[name.replace("module.", "")] = t.detach().float().cpu()
+    return out

@@ -22,7 +22,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # noqa: E4
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 import torch_npu  # noqa: E402,F401
-from models import batch, loss_fn, make_model, shard  # noqa: E402
+from models import batch, full_params, loss_fn, make_model, shard  # noqa: E402
 
 OUT_DIR = sys.argv[1]
 RANK = int(os.environ["RANK"])
@@ -40,15 +40,6 @@ def check(fn):
         results[fn.__name__] = {"error": traceback.format_exc()}
         print("FAILED", fn.__name__, str(sys.exc_info()[1])[:800], flush=True)
     return fn
-
-
-def full_params(model):
-    """name -> full CPU tensor (gathers DTensor shards)."""
-    out = {}
-    for name, p in model.named_parameters():
-        t = p.full_tensor() if hasattr(p, "full_tensor") else p
-        out[name.replace("module.", "")] = t.detach().float().cpu()
-    return out
 
 
 def train(model, steps=STEPS, batches=None, scaler=None, autocast_dtype=None):

@@ -13,7 +13,10 @@ Measured while the script runs:
 - collectives: the ``torch.distributed`` functions are wrapped for the run (the gradient
   all-reduce of DDP happens inside its C++ reducer and is not seen);
 - peak memory per device, against the device capacity;
-- with ``transfer_to_npu``: the CUDA references it rewrote, with their call sites.
+- with ``transfer_to_npu``: the CUDA references it rewrote, with their call sites;
+- with ``stream_check``: the stream synchronisation bugs the NPU sanitizer finds
+  (``torch_npu.npu._sanitizer`` in report mode: the script goes on after each finding),
+  grouped by kind and source lines.
 
 Bounds: a step limit and a time limit. Steps are iterations of the training loop: optimizer
 steps (the hook) or backward passes (``Tensor.backward`` / ``torch.autograd.backward`` /
@@ -146,8 +149,69 @@ class _ProgressWriter(threading.Thread):
         self.join()
 
 
+_FINDING_KINDS = {"UnsynchronizedAccessError": "unsynchronized access",
+                  "MissingRecordStreamError": "missing record_stream",
+                  "UnsynchronizedHostAccessError": "host access before synchronize"}
+_MAX_FINDINGS = 50
+
+
+def _user_site(stack):
+    """``file:line`` of the innermost frame outside torch, torch_npu and the standard
+    library (the user's code that made the access), else of the innermost frame."""
+    import sysconfig
+    import torch
+    import torch_npu
+    skip = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch, torch_npu)) + (
+        sysconfig.get_paths()["stdlib"] + os.sep,)
+    frames = [f for f in stack if f.filename and not f.filename.startswith("<")]
+    for frame in reversed(frames):
+        if not os.path.abspath(frame.filename).startswith(skip):
+            return f"{frame.filename}:{frame.lineno}"
+    return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
+
+
+def _stream_findings(errors, record_stream_errors):
+    """The sanitizer's errors as report entries, one per kind and source lines, with counts."""
+    found = {}
+    for err in list(errors) + list(record_stream_errors):
+        kind = _FINDING_KINDS.get(type(err).__name__, type(err).__name__)
+        if kind == "unsynchronized access":
+            now, before = err.current_access, err.previous_access
+            entry = {"kind": kind, "site": _user_site(now.stack_trace), "operator": now.operator,
+                     "access": str(now.type), "stream": now.stream,
+                     "other_site": _user_site(before.stack_trace), "other_operator": before.operator,
+                     "other_access": str(before.type), "other_stream": before.stream}
+        elif kind == "missing record_stream":
+            entry = {"kind": kind, "site": _user_site(err.usage.stack_trace), "operator": err.usage.operator,
+                     "stream": err.usage_stream,
+                     "other_site": _user_site(err.allocation_stack_trace) if err.allocation_stack_trace else "?",
+                     "other_operator": "allocation", "other_stream": err.allocation_stream}
+        else:
+            entry = {"kind": kind, "site": _user_site(err.stack_trace), "operator": err.operator, "stream": None,
+                     "other_site": _user_site(err.copy.stack_trace), "other_operator": err.copy.operator,
+                     "other_stream": err.copy.stream}
+        key = (entry["kind"], entry["site"], entry["other_site"], entry["operator"], entry["other_operator"])
+        if key in found:
+            found[key]["count"] += 1
+        elif len(found) < _MAX_FINDINGS:
+            found[key] = dict(entry, count=1)
+    return list(found.values())
+
+
+def _start_stream_check():
+    """The NPU sanitizer in report mode (record_stream check on): findings are kept, not raised."""
+    from torch_npu.npu import _sanitizer
+    san = _sanitizer.npu_sanitizer
+    san.disable()
+    san.enable()
+    san.check_record_stream = san.event_handler.check_record_stream = True
+    san.dispatch.raise_errors = False
+    san.event_handler.print_errors = False
+    return san
+
+
 def run(script, args, *, transfer=False, max_steps=None, max_seconds=None, measure_time=True, deadline=None,
-        report_path=None):
+        report_path=None, stream_check=False):
     """Run ``script`` with ``args`` and return the report (a dict).
 
     ``deadline`` (a ``time.monotonic()`` value) stops the script like ``max_seconds`` (which
@@ -175,6 +239,7 @@ def run(script, args, *, transfer=False, max_steps=None, max_seconds=None, measu
                 patches.set(torch.distributed, name, collectives.wrap(fn, name.lstrip("_")))
 
     state = {"optimizer_steps": 0, "backward_calls": 0, "optimizers": {}}
+    sanitizer = _start_stream_check() if stream_check else None
     started = time.monotonic()
     if max_seconds:
         deadline = min(deadline, started + max_seconds) if deadline is not None else started + max_seconds
@@ -263,6 +328,11 @@ def run(script, args, *, transfer=False, max_steps=None, max_seconds=None, measu
         sys.argv, sys.path[0] = old_argv, old_path0
         hook.remove()
         patches.undo()
+        stream_errors = record_stream_errors = ()
+        if sanitizer is not None and sanitizer.event_handler is not None:
+            stream_errors = sanitizer.dispatch.collected_errors
+            record_stream_errors = sanitizer.event_handler.record_stream_errors
+            sanitizer.disable()
         if progress_writer is not None:
             progress_writer.stop()
     seconds = time.monotonic() - started
@@ -298,6 +368,8 @@ def run(script, args, *, transfer=False, max_steps=None, max_seconds=None, measu
             "memory": memory,
             "collectives": [{"op": k, "calls": v} for k, v in sorted(collectives.counts.items())],
             "cuda_references": cuda_references,
+            "stream_check": stream_check,
+            "stream_findings": _stream_findings(stream_errors, record_stream_errors) if stream_check else [],
             "partial": "op times not computed yet" if measure_time else None,
         }
         if report_path is not None:

@@ -2,8 +2,9 @@
 
 The report says what would hurt on real hardware before any is rented: ops that fall back to
 the CPU (calls, bytes moved, share of op time), torch_npu fused ops used, peak device memory
-against the capacity, collectives called, and (with ``--transfer``) the CUDA references that
-``transfer_to_npu`` had to rewrite. Exit code: 0 when the run ended normally or at its bound,
+against the capacity, collectives called, (with ``--transfer``) the CUDA references that
+``transfer_to_npu`` had to rewrite, and (with ``--stream-check``) the stream synchronisation
+bugs the NPU sanitizer found. Exit code: 0 when the run ended normally or at its bound,
 1 when the script failed.
 
 The script runs in a child process (``_preflight_runner``). ``--seconds`` bounds the whole
@@ -70,7 +71,18 @@ def text_report(r):
         lines.append(f"hidden CUDA references rewritten by transfer_to_npu ({len(r['cuda_references'])}):")
         lines += [f"  {c['site']}: {c['api']}({c['original']!s}) x{c['count']}" for c in r["cuda_references"]] \
             or ["  none"]
+    if r.get("stream_check"):
+        lines.append(f"stream check, NPU sanitizer ({len(r['stream_findings'])} finding(s)):")
+        lines += [_finding_text(f) for f in r["stream_findings"]] or ["  none"]
     return "\n".join(lines)
+
+
+def _finding_text(f):
+    head = f"  {f['kind']} x{f['count']}: {f['site']} ({f['operator'].split('(')[0]}"
+    if f["stream"] is not None:
+        head += f", stream {f['stream']}"
+    return (head + f")\n    against {f['other_site']} ({f['other_operator'].split('(')[0]}, "
+            f"stream {f['other_stream']})")
 
 
 @click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -83,13 +95,17 @@ def text_report(r):
 @click.option("--seconds", "max_seconds", type=click.FloatRange(min=0, min_open=True), default=120.0,
               show_default=True, help="Bound on the whole command, report included: the script is "
                                       "stopped before, and killed at, this many seconds.")
+@click.option("--stream-check", is_flag=True,
+              help="Run under the NPU stream sanitizer (as TORCH_NPU_SANITIZER=1) and list the stream "
+                   "bugs it finds: unsynchronized accesses, missing record_stream, host reads of "
+                   "non_blocking copies. The script goes on after each finding.")
 @click.option("--no-time", is_flag=True, help="Do not profile op times (no fallback time share; lower overhead).")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
               help="Report format (json: the script's own output goes to stderr).")
 @click.argument("script", type=click.Path(exists=True, dir_okay=False))
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
-def preflight(ctx, transfer, max_steps, max_seconds, no_time, fmt, script, script_args):
+def preflight(ctx, transfer, max_steps, max_seconds, stream_check, no_time, fmt, script, script_args):
     """Run SCRIPT on the virtual NPU for a bounded time and report what a port needs."""
     started = time.monotonic()
     deadline = started + max_seconds
@@ -98,7 +114,7 @@ def preflight(ctx, transfer, max_steps, max_seconds, no_time, fmt, script, scrip
     with tempfile.TemporaryDirectory(prefix="torch-npu-preflight-") as tmp:
         report_path = os.path.join(tmp, "report.json")
         spec = {"script": script, "args": list(script_args), "transfer": transfer, "max_steps": max_steps,
-                "measure_time": not no_time, "report_path": report_path,
+                "measure_time": not no_time, "report_path": report_path, "stream_check": stream_check,
                 "seconds_left": deadline - margin - time.monotonic()}
         sys.stdout.flush()
         # In json mode stdout carries only the report: the script's output goes to stderr.
