@@ -22,6 +22,7 @@ import torch
 
 from torch_npu.op_plugin._common import acc, check
 from torch_npu.op_plugin.attention.dropout_mask import BLOCK_ROWS, keep_rows
+from torch_npu.op_plugin.attention.masks import SegmentMask
 
 __all__ = []
 
@@ -118,6 +119,8 @@ def _sdpa_causal(seg, dropout):
     if s1 == 0 or s2 == 0 or seg.v.shape[3] != seg.q.shape[3]:
         return None
     mask = seg.mask
+    if not isinstance(mask, SegmentMask):
+        return None  # another op's mask rule (block-sparse blocks): only the general path knows it
     if mask.user is None:
         return False  # no atten_mask: full computation whatever sparse_mode says
     if mask.mode == 2 or (mask.mode == 3 and s1 == s2):
