@@ -9,6 +9,7 @@
 #include <c10/util/Exception.h>
 #include <c10/util/Half.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
@@ -27,16 +28,35 @@ constexpr int64_t kGrainSize = 32768;
 
 inline bool is_nan_bits(uint32_t u) { return (u & kExpMask) == kExpMask && (u & kManMask) != 0; }
 
+// The HF32 pass over [begin, end), returning how many elements changed.
 // Round to nearest, ties to even, on the dropped bits. Working on the bit
 // pattern makes the carry do the IEEE work: a significand that rounds up to
 // 2.0 bumps the exponent, the largest finite values round up to infinity,
 // subnormals keep their fixed absolute step, infinities and zeros (of either
 // sign) are unchanged. NaNs are returned unchanged (the carry could turn a
 // NaN whose payload sits in the dropped bits into an infinity).
-inline uint32_t hf32_bits(uint32_t u) {
-  if (is_nan_bits(u)) return u;
-  const uint32_t lsb = (u >> kDropped) & 1u;
-  return (u + (kDroppedMask >> 1) + lsb) & ~kDroppedMask;
+// Branch-free, with a 32-bit count: GCC vectorizes the loop (checked with -fopt-info-vec).
+__attribute__((optimize("O3"))) uint32_t hf32_block(const uint32_t* __restrict__ in, uint32_t* __restrict__ dst,
+                                                   int64_t n) {
+  uint32_t changed = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t u = in[i];
+    const uint32_t rounded = (u + (kDroppedMask >> 1) + ((u >> kDropped) & 1u)) & ~kDroppedMask;
+    // a NaN (exponent all ones, significand not zero) is kept
+    const uint32_t r = (u & 0x7FFFFFFFu) > kExpMask ? u : rounded;
+    dst[i] = r;
+    changed += r != u ? 1u : 0u;
+  }
+  return changed;
+}
+
+int64_t hf32_range(const uint32_t* in, uint32_t* dst, int64_t begin, int64_t end) {
+  constexpr int64_t kBlock = int64_t{1} << 30;  // the 32-bit count of hf32_block cannot wrap
+  int64_t changed = 0;
+  for (int64_t i = begin; i < end; i += kBlock) {
+    changed += hf32_block(in + i, dst + i, std::min(kBlock, end - i));
+  }
+  return changed;
 }
 
 inline float bits_float(uint32_t u) {
@@ -77,9 +97,10 @@ std::tuple<at::Tensor, int64_t> round_cube_input(const at::Tensor& input, CubeRo
   const int64_t changed = at::parallel_reduce(
       0, n, kGrainSize, int64_t{0},
       [&](int64_t begin, int64_t end, int64_t acc) {
+        if (hf32) return acc + hf32_range(in, dst, begin, end);
         for (int64_t i = begin; i < end; ++i) {
           const uint32_t u = in[i];
-          const uint32_t r = hf32 ? hf32_bits(u) : fp16_bits(u);
+          const uint32_t r = fp16_bits(u);
           dst[i] = r;
           acc += r != u;
         }
