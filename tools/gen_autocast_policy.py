@@ -17,6 +17,9 @@ Usage: python tools/gen_autocast_policy.py          # write csrc/amp/AutocastPol
 import os
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _generated_file import write_or_check  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SRC = os.path.join(ROOT, "torch_npu", "_data", "autocast_policy.tsv")
 OUT = os.path.join(ROOT, "csrc", "amp", "AutocastPolicy.inc")
@@ -89,21 +92,7 @@ def render(rows):
 
 
 def main(argv):
-    text = render(read_policy())
-    if "--check" in argv:
-        try:
-            with open(OUT, encoding="utf-8") as f:
-                current = f.read()
-        except FileNotFoundError:
-            current = None
-        if current != text:
-            print("%s is out of date: run python tools/gen_autocast_policy.py" % os.path.relpath(OUT, ROOT),
-                  file=sys.stderr)
-            return 1
-        return 0
-    with open(OUT, "w", encoding="utf-8") as f:
-        f.write(text)
-    return 0
+    return write_or_check(OUT, render(read_policy()), argv, "python tools/gen_autocast_policy.py")
 
 
 if __name__ == "__main__":

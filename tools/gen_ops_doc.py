@@ -13,6 +13,9 @@ import inspect
 import os
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _generated_file import write_or_check  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "docs", "ops.md")
 
@@ -97,22 +100,7 @@ def render():
 
 
 def main(argv):
-    text = render()
-    if "--check" in argv:
-        try:
-            with open(OUT, encoding="utf-8") as f:
-                current = f.read()
-        except FileNotFoundError:
-            current = None
-        if current != text:
-            print("%s is out of date; run python tools/gen_ops_doc.py" % os.path.relpath(OUT, ROOT))
-            return 1
-        print("%s is up to date" % os.path.relpath(OUT, ROOT))
-        return 0
-    with open(OUT, "w", encoding="utf-8") as f:
-        f.write(text)
-    print("wrote %s (%d lines)" % (os.path.relpath(OUT, ROOT), text.count("\n")))
-    return 0
+    return write_or_check(OUT, render(), argv, "python tools/gen_ops_doc.py")
 
 
 if __name__ == "__main__":

@@ -12,6 +12,9 @@ import importlib.util
 import os
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _generated_file import write_or_check  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "docs", "settings.md")
 
@@ -73,16 +76,7 @@ def render():
 
 
 def main(argv):
-    text = render()
-    if "--check" in argv:
-        with open(OUT, encoding="utf-8") as f:
-            if f.read() != text:
-                print(f"{OUT} is out of date: run python tools/gen_settings_doc.py", file=sys.stderr)
-                return 1
-        return 0
-    with open(OUT, "w", encoding="utf-8") as f:
-        f.write(text)
-    return 0
+    return write_or_check(OUT, render(), argv, "python tools/gen_settings_doc.py")
 
 
 if __name__ == "__main__":
