@@ -89,10 +89,16 @@ def test_save_async_argument_errors(tmp_path):
 
 
 _KILL_CHILD = textwrap.dedent("""
-    import os, sys, time, torch, torch_npu
+    import os, stat, sys, time, torch, torch_npu
     from torch_npu.utils import save_async
     _real_fsync = os.fsync
+    announce = sys.argv[2] == "announce"
     def _slow_disk_fsync(fd):           # a slow disk: most of each save is spent in the write
+        if announce and stat.S_ISREG(os.fstat(fd).st_mode) and step >= 2:
+            # The temporary file is written and not yet renamed: tell the parent and stay here until killed
+            # (the parent reads its children one after another, so a later moment could be long past).
+            print("in-write", flush=True)
+            time.sleep(3600)
         time.sleep(0.03)
         _real_fsync(fd)
     os.fsync = _slow_disk_fsync
@@ -112,20 +118,28 @@ _KILL_CHILD = textwrap.dedent("""
 
 
 def test_sigkill_mid_save_always_leaves_a_loadable_checkpoint(tmp_path):
-    """Kill writers at random moments; the file at the path always loads and is self-consistent."""
+    """Kill writers at random moments and inside writes; the file at the path always loads and is self-consistent.
+
+    Half the children are killed at a random moment. The other half announce when a temporary file is
+    written but not yet renamed and are killed there, so the test never depends on a random kill landing
+    inside a write (on a fast disk few of them do)."""
     rng = random.Random(1234)
     children = []
     for i in range(6):
         path = tmp_path / f"run{i}" / "ckpt.pt"
         path.parent.mkdir()
-        proc = subprocess.Popen([sys.executable, "-c", _KILL_CHILD, str(path)], cwd=str(REPO), env=make_env(),
+        mode = "announce" if i % 2 else "random"
+        proc = subprocess.Popen([sys.executable, "-c", _KILL_CHILD, str(path), mode], cwd=str(REPO), env=make_env(),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        children.append((proc, path))
-    interrupted_writes = 0
-    for proc, path in children:
+        children.append((proc, path, mode))
+    killed_inside_a_write = 0
+    for proc, path, mode in children:
         try:
             assert proc.stdout.readline().strip() == "first", proc.stderr.read()[-3000:]
-            time.sleep(rng.uniform(0.05, 0.6))
+            if mode == "random":
+                time.sleep(rng.uniform(0.05, 0.6))
+            else:
+                assert proc.stdout.readline().strip() == "in-write", proc.stderr.read()[-3000:]
             os.kill(proc.pid, signal.SIGKILL)
         finally:
             proc.kill()
@@ -137,9 +151,12 @@ def test_sigkill_mid_save_always_leaves_a_loadable_checkpoint(tmp_path):
         assert out["step"] >= 1
         assert out["w"].device == torch.device("npu:0")
         assert bool((out["w"] == float(out["step"])).all()), "checkpoint mixes two saves"
-        interrupted_writes += len([p for p in path.parent.iterdir() if p.name.startswith(".ckpt.pt.tmp-")])
-    # The kills really landed inside writes (a temporary file was left behind), yet every target loaded.
-    assert interrupted_writes >= 1
+        leftovers = [p for p in path.parent.iterdir() if p.name.startswith(".ckpt.pt.tmp-")]
+        if mode == "announce":
+            # The kill landed inside a write: its temporary file is left behind, yet the target loaded.
+            assert leftovers, "the announced write left no temporary file"
+            killed_inside_a_write += 1
+    assert killed_inside_a_write == 3
 
 
 # ---- truncated and corrupt files ------------------------------------------------------------------
