@@ -24,10 +24,12 @@ def fresh(t):
     return t.clone(memory_format=torch.contiguous_format) if t._is_view() else t
 
 
-def check(cond, op, message):
+def check(cond, op, message, args=None):
+    """Raise RuntimeError ``"<op>: <message>"`` unless ``cond``; ``message % args`` when
+    ``args`` is given, formatted only on failure (a passing check costs no formatting)."""
     if cond is True:  # the common case, without torch._check's per-call cost
         return
-    torch._check(cond, lambda: "%s: %s" % (op, message))
+    torch._check(cond, lambda: "%s: %s" % (op, message if args is None else message % args))
 
 
 def write_out(out, result):

@@ -23,9 +23,9 @@ def npu_clipped_swiglu(x, *, group_index=None, dim=-1, alpha=1.702, limit=7.0, b
     """See the module doc."""
     op = "npu_clipped_swiglu"
     check(x.dim() > 0, op, "x must have at least 1 dim")
-    check(-x.dim() <= dim < x.dim(), op, "dim %d out of range" % dim)
+    check(-x.dim() <= dim < x.dim(), op, "dim %d out of range", dim)
     d = dim % x.dim()
-    check(x.shape[d] % 2 == 0, op, "x.shape[dim] must be even, got %d" % x.shape[d])
+    check(x.shape[d] % 2 == 0, op, "x.shape[dim] must be even, got %d", x.shape[d])
     pre = 1
     for s in x.shape[:d]:
         pre *= s

@@ -11,14 +11,14 @@ _FAST_GELU_K = 1.702
 
 
 def _gelu_mode(op, approximate):
-    check(approximate in ("none", "tanh"), op, "approximate must be 'none' or 'tanh', got %r" % (approximate,))
+    check(approximate in ("none", "tanh"), op, "approximate must be 'none' or 'tanh', got %r", (approximate,))
     return approximate
 
 
 def _halves(op, x, dim):
     check(x.dim() > 0, op, "input must have at least one dimension")
     size = x.shape[dim]
-    check(size % 2 == 0, op, "the size of dim %d (%s) must be even" % (dim, size))
+    check(size % 2 == 0, op, "the size of dim %d (%s) must be even", (dim, size))
     return x.chunk(2, dim)
 
 
@@ -103,7 +103,7 @@ def npu_swiglu_backward(grad_output, self, dim=-1):
 
 
 def _geglu_mode(op, approximate):
-    check(approximate in (0, 1), op, "approximate must be 0 (erf) or 1 (tanh), got %r" % (approximate,))
+    check(approximate in (0, 1), op, "approximate must be 0 (erf) or 1 (tanh), got %r", (approximate,))
     return "tanh" if approximate == 1 else "none"
 
 

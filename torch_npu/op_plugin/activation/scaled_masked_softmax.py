@@ -12,12 +12,12 @@ MASK_FILL = -10000.0
 
 
 def _mask(op, x, mask, fixed_triu_mask):
-    check(x.dim() >= 2, op, "x must have at least 2 dims, got %d" % x.dim())
+    check(x.dim() >= 2, op, "x must have at least 2 dims, got %d", x.dim())
     if fixed_triu_mask:
         # Generated causal mask over the last two dims: True strictly above the diagonal.
         rows, cols = x.shape[-2], x.shape[-1]
         return torch.ones(rows, cols, dtype=torch.bool, device=x.device).triu(1)
-    check(mask.dtype == torch.bool, op, "mask must be a bool tensor, got %s" % mask.dtype)
+    check(mask.dtype == torch.bool, op, "mask must be a bool tensor, got %s", mask.dtype)
     torch.broadcast_shapes(mask.shape, x.shape)
     return mask
 

@@ -19,16 +19,15 @@ def npu_attention_update(lse, local_out, update_type):
     lse [N] float32). The merged lse is returned for update_type 0 too (update_type 1 asks for it)."""
     op = "npu_attention_update"
     check(len(lse) > 0 and len(lse) == len(local_out), op, "lse and local_out must be non-empty lists of the "
-          "same length, got %d and %d" % (len(lse), len(local_out)))
-    check(update_type in (0, 1), op, "update_type must be 0 or 1, got %s" % update_type)
+          "same length, got %d and %d", (len(lse), len(local_out)))
+    check(update_type in (0, 1), op, "update_type must be 0 or 1, got %s", update_type)
     n, h = local_out[0].shape[0], local_out[0].shape[-1]
     out_dtype = local_out[0].dtype
     for i, (l_i, o_i) in enumerate(zip(lse, local_out)):
-        check(l_i.dtype in (torch.float32, torch.float64), op, "lse[%d] must be float32, got %s" % (i, l_i.dtype))
-        check(l_i.dim() == 1 and l_i.shape[0] == n, op, "lse[%d] must be [N=%d], got %s" % (i, n, tuple(l_i.shape)))
-        check(o_i.dim() == 2 and tuple(o_i.shape) == (n, h), op, "local_out[%d] must be [N=%d, H=%d], got %s"
-              % (i, n, h, tuple(o_i.shape)))
-        check(o_i.dtype == out_dtype, op, "local_out[%d] dtype %s differs from %s" % (i, o_i.dtype, out_dtype))
+        check(l_i.dtype in (torch.float32, torch.float64), op, "lse[%d] must be float32, got %s", (i, l_i.dtype))
+        check(l_i.dim() == 1 and l_i.shape[0] == n, op, "lse[%d] must be [N=%d], got %s", (i, n, tuple(l_i.shape)))
+        check(o_i.dim() == 2 and tuple(o_i.shape) == (n, h), op, "local_out[%d] must be [N=%d, H=%d], got %s", (i, n, h, tuple(o_i.shape)))
+        check(o_i.dtype == out_dtype, op, "local_out[%d] dtype %s differs from %s", (i, o_i.dtype, out_dtype))
     lses = torch.stack([acc(t) for t in lse])
     outs = torch.stack([acc(t) for t in local_out])
     top = lses.amax(dim=0)

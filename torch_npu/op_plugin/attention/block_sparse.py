@@ -55,7 +55,7 @@ def _lengths(op, values, what):
         return None
     values = [int(v) for v in values]
     for v in values:
-        check(v >= 0, op, "%s entries must be >= 0, got %d" % (what, v))
+        check(v >= 0, op, "%s entries must be >= 0, got %d", (what, v))
     return values
 
 
@@ -64,11 +64,11 @@ class _Geometry:
     query-shaped (or key-shaped) tensor as that batch's [1, N, rows, D] slice."""
 
     def __init__(self, op, query, key, layout, actual_q, actual_kv):
-        check(layout in _LAYOUTS, op, "input layout must be one of TND, BNSD, BSND, got %r" % (layout,))
+        check(layout in _LAYOUTS, op, "input layout must be one of TND, BNSD, BSND, got %r", (layout,))
         self.layout, self.device = layout, query.device
         want = 3 if layout == "TND" else 4
         check(query.dim() == want and key.dim() == want, op, "query and key must be %d-D for layout %s, got %d-D "
-              "and %d-D" % (want, layout, query.dim(), key.dim()))
+              "and %d-D", (want, layout, query.dim(), key.dim()))
         q_lens = _lengths(op, actual_q, "actual_seq_lengths")
         kv_lens = _lengths(op, actual_kv, "actual_seq_lengths_kv")
         check((q_lens is None) == (kv_lens is None), op,
@@ -76,12 +76,9 @@ class _Geometry:
         if layout == "TND":
             check(q_lens is not None and len(q_lens) > 0, op,
                   "actual_seq_lengths must be specified when q_input_layout is TND")
-            check(len(kv_lens) == len(q_lens), op, "actual_seq_lengths_kv has %d entries, actual_seq_lengths %d"
-                  % (len(kv_lens), len(q_lens)))
-            check(sum(q_lens) == query.shape[0], op, "sum of actual_seq_lengths (%d) != query T (%d)"
-                  % (sum(q_lens), query.shape[0]))
-            check(sum(kv_lens) == key.shape[0], op, "sum of actual_seq_lengths_kv (%d) != key T (%d)"
-                  % (sum(kv_lens), key.shape[0]))
+            check(len(kv_lens) == len(q_lens), op, "actual_seq_lengths_kv has %d entries, actual_seq_lengths %d", (len(kv_lens), len(q_lens)))
+            check(sum(q_lens) == query.shape[0], op, "sum of actual_seq_lengths (%d) != query T (%d)", (sum(q_lens), query.shape[0]))
+            check(sum(kv_lens) == key.shape[0], op, "sum of actual_seq_lengths_kv (%d) != key T (%d)", (sum(kv_lens), key.shape[0]))
             self.batch = len(q_lens)
             self.q_starts = [sum(q_lens[:b]) for b in range(self.batch)]
             self.kv_starts = [sum(kv_lens[:b]) for b in range(self.batch)]
@@ -89,18 +86,16 @@ class _Geometry:
         else:
             seq = 2 if layout == "BNSD" else 1
             self.batch = query.shape[0]
-            check(key.shape[0] == self.batch, op, "key batch %d differs from the query's %d"
-                  % (key.shape[0], self.batch))
+            check(key.shape[0] == self.batch, op, "key batch %d differs from the query's %d", (key.shape[0], self.batch))
             self.q_max, self.kv_max = query.shape[seq], key.shape[seq]
             if q_lens is None:
                 q_lens, kv_lens = [self.q_max] * self.batch, [self.kv_max] * self.batch
             check(len(q_lens) == self.batch and len(kv_lens) == self.batch, op,
-                  "actual_seq_lengths / actual_seq_lengths_kv need B=%d entries, got %d / %d"
-                  % (self.batch, len(q_lens), len(kv_lens)))
+                  "actual_seq_lengths / actual_seq_lengths_kv need B=%d entries, got %d / %d", (self.batch, len(q_lens), len(kv_lens)))
             for v in q_lens:
-                check(v <= self.q_max, op, "actual_seq_lengths entry %d exceeds the query S %d" % (v, self.q_max))
+                check(v <= self.q_max, op, "actual_seq_lengths entry %d exceeds the query S %d", (v, self.q_max))
             for v in kv_lens:
-                check(v <= self.kv_max, op, "actual_seq_lengths_kv entry %d exceeds the key S %d" % (v, self.kv_max))
+                check(v <= self.kv_max, op, "actual_seq_lengths_kv entry %d exceeds the key S %d", (v, self.kv_max))
         self.q_lens, self.kv_lens = q_lens, kv_lens
 
     def heads(self, t):
@@ -144,9 +139,9 @@ class _BlockRule:
 def _check_mask(op, mask, geo, n1, block_x, block_y):
     """block_sparse_mask [B, N1, qBlockNum, kvBlockNum]: qBlockNum = ceil(S/block_x) with S the
     query shape's S (BNSD/BSND) or the longest actual length; likewise for keys."""
-    check(mask.device == geo.device, op, "block_sparse_mask is on %s, query on %s" % (mask.device, geo.device))
-    check(mask.dim() == 4, op, "block_sparse_mask must be 4-D [B, N, qBlockNum, kvBlockNum], got %d-D" % mask.dim())
-    check(mask.dtype in _MASK_DTYPES, op, "block_sparse_mask must be int8 (or uint8/bool), got %s" % mask.dtype)
+    check(mask.device == geo.device, op, "block_sparse_mask is on %s, query on %s", (mask.device, geo.device))
+    check(mask.dim() == 4, op, "block_sparse_mask must be 4-D [B, N, qBlockNum, kvBlockNum], got %d-D", mask.dim())
+    check(mask.dtype in _MASK_DTYPES, op, "block_sparse_mask must be int8 (or uint8/bool), got %s", mask.dtype)
     q_ok = {_ceil_div(max(geo.q_lens + [0]), block_x)}
     kv_ok = {_ceil_div(max(geo.kv_lens + [0]), block_y)}
     if geo.q_max is not None:
@@ -154,8 +149,7 @@ def _check_mask(op, mask, geo, n1, block_x, block_y):
         kv_ok.add(_ceil_div(geo.kv_max, block_y))
     b, n, qb, kb = mask.shape
     check(b == geo.batch and n == n1 and qb in q_ok and kb in kv_ok, op,
-          "block_sparse_mask shape %s does not match [B=%d, N=%d, qBlockNum in %s, kvBlockNum in %s]"
-          % (tuple(mask.shape), geo.batch, n1, sorted(q_ok), sorted(kv_ok)))
+          "block_sparse_mask shape %s does not match [B=%d, N=%d, qBlockNum in %s, kvBlockNum in %s]", (tuple(mask.shape), geo.batch, n1, sorted(q_ok), sorted(kv_ok)))
 
 
 class _Config:
@@ -189,10 +183,10 @@ def _forward(cfg, query, key, value):
 
 
 def _check_backward_support(op, cfg, n1, n2, head_dim):
-    check(head_dim <= 128, op, "head_dim must be <= 128, but got %d" % head_dim)
+    check(head_dim <= 128, op, "head_dim must be <= 128, but got %d", head_dim)
     check(cfg.geo.layout == "BNSD" and n1 == n2, op,
           "only the BNSD layout with num_heads == num_key_value_heads (MHA) is supported, got layout %s with "
-          "%d query heads and %d key/value heads" % (cfg.geo.layout, n1, n2))
+          "%d query heads and %d key/value heads", (cfg.geo.layout, n1, n2))
 
 
 def _backward(cfg, query, key, value, attention_out, lses, d_out):
@@ -231,20 +225,17 @@ class _BlockSparseAttention(torch.autograd.Function):
 
 def _check_qkv(op, query, key, value):
     check(query.dtype == key.dtype == value.dtype, op, "query, key, value must have the same dtype, got query=%s, "
-          "key=%s, value=%s" % (query.dtype, key.dtype, value.dtype))
+          "key=%s, value=%s", (query.dtype, key.dtype, value.dtype))
     check(query.dtype in _DTYPES, op, "query/key/value must be float16 or bfloat16 (float32/float64 are accepted "
-          "by the emulator), got %s" % query.dtype)
-    check(tuple(key.shape) == tuple(value.shape), op, "key shape %s differs from value shape %s"
-          % (tuple(key.shape), tuple(value.shape)))
-    check(query.shape[-1] == key.shape[-1], op, "query head_dim %d differs from key head_dim %d"
-          % (query.shape[-1], key.shape[-1]))
+          "by the emulator), got %s", query.dtype)
+    check(tuple(key.shape) == tuple(value.shape), op, "key shape %s differs from value shape %s", (tuple(key.shape), tuple(value.shape)))
+    check(query.shape[-1] == key.shape[-1], op, "query head_dim %d differs from key head_dim %d", (query.shape[-1], key.shape[-1]))
 
 
 def _check_heads(op, n1, n2, num_key_value_heads):
-    check(n2 == num_key_value_heads, op, "key/value have %d heads but num_key_value_heads is %d"
-          % (n2, num_key_value_heads))
+    check(n2 == num_key_value_heads, op, "key/value have %d heads but num_key_value_heads is %d", (n2, num_key_value_heads))
     check(n2 > 0 and n1 >= n2 and n1 % n2 == 0, op, "query heads N1=%d and key/value heads N2=%d need N1 >= N2 and "
-          "N1 %% N2 == 0" % (n1, n2))
+          "N1 %% N2 == 0", (n1, n2))
 
 
 @impl(_FWD)
@@ -261,22 +252,18 @@ def npu_block_sparse_attention(query, key, value, block_sparse_mask, block_shape
     op = _FWD
     _check_qkv(op, query, key, value)
     if query.dtype == torch.bfloat16:
-        check(inner_precise == 0, op, "when query/key/value are bfloat16, inner_precise must be 0, got %d"
-              % inner_precise)
-    check(inner_precise in (0, 1, 4), op, "inner_precise must be 0, 1 or 4, got %d" % inner_precise)
+        check(inner_precise == 0, op, "when query/key/value are bfloat16, inner_precise must be 0, got %d", inner_precise)
+    check(inner_precise in (0, 1, 4), op, "inner_precise must be 0, 1 or 4, got %d", inner_precise)
     check(inner_precise != 4, op, "inner_precise 4 is only supported on Ascend 950PR/950DT; Atlas A2/A3 support 0 "
           "or 1")
-    check(q_input_layout == kv_input_layout, op, "q_input_layout (%s) and kv_input_layout (%s) must be the same"
-          % (q_input_layout, kv_input_layout))
+    check(q_input_layout == kv_input_layout, op, "q_input_layout (%s) and kv_input_layout (%s) must be the same", (q_input_layout, kv_input_layout))
     flag = 0 if softmax_lse_flag is None else softmax_lse_flag
-    check(flag in (0, 1), op, "softmax_lse_flag must be 0 or 1, got %d" % flag)
-    check(len(block_shape) == 2, op, "block_shape must hold two elements [block_x, block_y], got %d"
-          % len(block_shape))
+    check(flag in (0, 1), op, "softmax_lse_flag must be 0 or 1, got %d", flag)
+    check(len(block_shape) == 2, op, "block_shape must hold two elements [block_x, block_y], got %d", len(block_shape))
     block_x, block_y = int(block_shape[0]), int(block_shape[1])
-    check(block_x > 0 and block_y > 0, op, "block_shape values must be > 0, got %s" % [block_x, block_y])
-    check(block_y % _KV_BLOCK_MULTIPLE == 0, op, "block_y must be a multiple of %d on Atlas A2/A3, got %d"
-          % (_KV_BLOCK_MULTIPLE, block_y))
-    check(query.shape[-1] in (64, 128), op, "head_dim D must be 64 or 128, got %d" % query.shape[-1])
+    check(block_x > 0 and block_y > 0, op, "block_shape values must be > 0, got %s", [block_x, block_y])
+    check(block_y % _KV_BLOCK_MULTIPLE == 0, op, "block_y must be a multiple of %d on Atlas A2/A3, got %d", (_KV_BLOCK_MULTIPLE, block_y))
+    check(query.shape[-1] in (64, 128), op, "head_dim D must be 64 or 128, got %d", query.shape[-1])
     geo = _Geometry(op, query, key, q_input_layout, actual_seq_lengths, actual_seq_lengths_kv)
     n1, n2 = geo.heads(query), geo.heads(key)
     _check_heads(op, n1, n2, num_key_value_heads)
@@ -299,22 +286,20 @@ def npu_block_sparse_attention_backward(d_out, query, key, value, attention_out,
     values) means [128, 128]. Only BNSD with num_heads == num_key_value_heads, head_dim <= 128."""
     op = _BWD
     _check_qkv(op, query, key, value)
-    check(q_input_layout == kv_input_layout, op, "q_input_layout (%s) and kv_input_layout (%s) must be the same"
-          % (q_input_layout, kv_input_layout))
+    check(q_input_layout == kv_input_layout, op, "q_input_layout (%s) and kv_input_layout (%s) must be the same", (q_input_layout, kv_input_layout))
     if block_shape is None or len(block_shape) < 2:
         block_shape = [128, 128]
     block_x, block_y = int(block_shape[0]), int(block_shape[1])
-    check(block_x > 0 and block_y > 0, op, "block_shape values must be > 0, got %s" % [block_x, block_y])
+    check(block_x > 0 and block_y > 0, op, "block_shape values must be > 0, got %s", [block_x, block_y])
     geo = _Geometry(op, query, key, q_input_layout, actual_seq_lengths, actual_seq_lengths_kv)
     n1, n2 = geo.heads(query), geo.heads(key)
     _check_heads(op, n1, n2, num_key_value_heads)
     _check_mask(op, block_sparse_mask, geo, n1, block_x, block_y)
     for name, t in (("d_out", d_out), ("attention_out", attention_out)):
-        check(tuple(t.shape) == tuple(query.shape), op, "%s shape %s differs from the query's %s"
-              % (name, tuple(t.shape), tuple(query.shape)))
+        check(tuple(t.shape) == tuple(query.shape), op, "%s shape %s differs from the query's %s", (name, tuple(t.shape), tuple(query.shape)))
     lse_shape = tuple(query.shape[:-1])
     check(tuple(softmax_lse.shape) in (lse_shape, lse_shape + (1,)), op, "softmax_lse must be %s (or without the "
-          "trailing 1), got %s" % (lse_shape + (1,), tuple(softmax_lse.shape)))
+          "trailing 1), got %s", (lse_shape + (1,), tuple(softmax_lse.shape)))
     cfg = _Config(geo, block_sparse_mask, block_x, block_y, float(scale_value), acc(query).dtype)
     _check_backward_support(op, cfg, n1, n2, query.shape[-1])
     lse = softmax_lse.reshape(lse_shape + (1,))

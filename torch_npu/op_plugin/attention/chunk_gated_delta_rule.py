@@ -28,7 +28,7 @@ __all__ = []
 def _chunk_gated_delta_rule_fake(query, key, value, *, beta=None, initial_state=None, actual_seq_lengths=None,
                                  scale=None, g=None):
     op = "npu_chunk_gated_delta_rule"
-    check(value.dim() == 3, op, "value dim should be 3, got %d" % value.dim())
+    check(value.dim() == 3, op, "value dim should be 3, got %d", value.dim())
     check(beta is not None, op, "beta cannot be empty")
     check(initial_state is not None, op, "initial_state cannot be empty")
     check(actual_seq_lengths is not None, op, "actual_seq_lengths cannot be empty")
@@ -40,31 +40,29 @@ def _chunk_gated_delta_rule_fake(query, key, value, *, beta=None, initial_state=
 def npu_chunk_gated_delta_rule(query, key, value, *, beta=None, initial_state=None, actual_seq_lengths=None,
                                scale=None, g=None):
     op = "npu_chunk_gated_delta_rule"
-    check(value.dim() == 3, op, "value dim should be 3, got %d" % value.dim())
+    check(value.dim() == 3, op, "value dim should be 3, got %d", value.dim())
     check(beta is not None, op, "beta cannot be empty")
     check(initial_state is not None, op, "initial_state cannot be empty")
     check(actual_seq_lengths is not None, op, "actual_seq_lengths cannot be empty")
     check(scale is not None, op, "scale cannot be empty")
     check(query.dim() == 3 and tuple(key.shape) == tuple(query.shape), op, "query and key must be [T, Nk, Dk]")
     for name, t in (("query", query), ("key", key), ("value", value), ("beta", beta)):
-        check(t.dtype == torch.bfloat16, op, "%s dtype must be bfloat16, got %s" % (name, t.dtype))
+        check(t.dtype == torch.bfloat16, op, "%s dtype must be bfloat16, got %s", (name, t.dtype))
     check(initial_state.dtype in (torch.bfloat16, torch.float32), op,
-          "initial_state dtype must be bfloat16 or float32, got %s" % initial_state.dtype)
+          "initial_state dtype must be bfloat16 or float32, got %s", initial_state.dtype)
     t_total, nk, dk = query.shape
     nv, dv = value.shape[1], value.shape[2]
-    check(value.shape[0] == t_total and nv % nk == 0, op, "value must be [T=%d, Nv, Dv] with Nv a multiple of Nk=%d"
-          % (t_total, nk))
-    check(tuple(beta.shape) == (t_total, nv), op, "beta must be [T=%d, Nv=%d]" % (t_total, nv))
+    check(value.shape[0] == t_total and nv % nk == 0, op, "value must be [T=%d, Nv, Dv] with Nv a multiple of Nk=%d", (t_total, nk))
+    check(tuple(beta.shape) == (t_total, nv), op, "beta must be [T=%d, Nv=%d]", (t_total, nv))
     check(initial_state.dim() == 4 and tuple(initial_state.shape[1:]) == (nv, dv, dk), op,
-          "initial_state must be [B, Nv=%d, Dv=%d, Dk=%d], got %s" % (nv, dv, dk, tuple(initial_state.shape)))
+          "initial_state must be [B, Nv=%d, Dv=%d, Dk=%d], got %s", (nv, dv, dk, tuple(initial_state.shape)))
     if g is not None:
-        check(g.dtype == torch.float32 and tuple(g.shape) == (t_total, nv), op, "g must be float32 [T=%d, Nv=%d]"
-              % (t_total, nv))
+        check(g.dtype == torch.float32 and tuple(g.shape) == (t_total, nv), op, "g must be float32 [T=%d, Nv=%d]", (t_total, nv))
     check(actual_seq_lengths.dim() == 1 and actual_seq_lengths.shape[0] == initial_state.shape[0], op,
-          "actual_seq_lengths must be [B=%d]" % initial_state.shape[0])
+          "actual_seq_lengths must be [B=%d]", initial_state.shape[0])
     lengths = [int(x) for x in actual_seq_lengths.tolist()]
     check(min(lengths) >= 0 and sum(lengths) == t_total, op, "actual_seq_lengths must be >= 0 and sum to T=%d, "
-          "got %s" % (t_total, lengths))
+          "got %s", (t_total, lengths))
     cdt = torch.float32
     rep = nv // nk
     q = query.to(cdt).repeat_interleave(rep, dim=1) * scale        # [T, Nv, Dk]

@@ -34,16 +34,16 @@ def to_bnsd(op, x, layout, head_dim, what):
     """``x`` in ``layout`` (BSH / SBH / BSND / BNSD) -> a [B, N, S, D] view (N derived from
     the last dim for BSH/SBH)."""
     if layout in ("BSH", "SBH"):
-        check(x.dim() == 3, op, "%s must be 3-D for layout %s, got %d-D" % (what, layout, x.dim()))
+        check(x.dim() == 3, op, "%s must be 3-D for layout %s, got %d-D", (what, layout, x.dim()))
         h = x.shape[2]
-        check(h % head_dim == 0, op, "%s hidden size %d is not a multiple of the head dim %d" % (what, h, head_dim))
+        check(h % head_dim == 0, op, "%s hidden size %d is not a multiple of the head dim %d", (what, h, head_dim))
         if layout == "BSH":
             b, s = x.shape[0], x.shape[1]
             return x.view(b, s, h // head_dim, head_dim).transpose(1, 2)
         s, b = x.shape[0], x.shape[1]
         return x.view(s, b, h // head_dim, head_dim).permute(1, 2, 0, 3)
-    check(x.dim() == 4, op, "%s must be 4-D for layout %s, got %d-D" % (what, layout, x.dim()))
-    check(x.shape[3] == head_dim, op, "%s head dim %d differs from the query's %d" % (what, x.shape[3], head_dim))
+    check(x.dim() == 4, op, "%s must be 4-D for layout %s, got %d-D", (what, layout, x.dim()))
+    check(x.shape[3] == head_dim, op, "%s head dim %d differs from the query's %d", (what, x.shape[3], head_dim))
     return x.transpose(1, 2) if layout == "BSND" else x
 
 
@@ -162,7 +162,9 @@ def _row_max(q, k, scale, causal):
         if scale <= 0:
             x.mul_(scale)
         if causal:
-            x.masked_fill_(torch.ones(i1 - i0, cols, dtype=torch.bool, device=x.device).triu_(i0 + 1), float("-inf"))
+            # j > i to -inf: adding an upper triangle of -inf (and +0.0 elsewhere, which leaves
+            # every finite logit unchanged) is one cheap op where masked_fill_ needs a bool mask
+            x.add_(torch.full((i1 - i0, cols), float("-inf"), dtype=x.dtype, device=x.device).triu_(i0 + 1))
         parts.append(x.amax(-1))
     m = parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
     return m.mul_(scale) if scale > 0 else m
@@ -174,6 +176,19 @@ def _sdpa_forward(seg, scale, causal, dtype):
     row_max = _row_max(q, k, scale, causal)
     # sum_j exp(x_j - max) = exp(lse - max): no row is fully masked on this path
     return out, row_max, torch.exp(lse - row_max), lse.unsqueeze(-1)
+
+
+def sdpa_attention(seg, scale, causal, dtype):
+    """``seg`` through ATen's CPU flash kernel with autograd: (out [b, N, S1, Dv], row max, row
+    sum of exp(x - max)), gradients flowing to seg.q/k/v through the kernel's own derivative
+    (and through the GQA repeat, which sums a key/value head's gradient over its query heads).
+    For the calls _sdpa_causal accepts."""
+    q, k, v = _sdpa_inputs(seg, dtype)
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, scale=scale)
+    with torch.no_grad():
+        row_max = _row_max(q.detach(), k.detach(), scale, causal)
+        row_sum = torch.exp(lse - row_max)
+    return out, row_max, row_sum
 
 
 def _sdpa_backward(seg, scale, causal, dtype, out, lse, dout):

@@ -16,20 +16,19 @@ __all__ = []
 
 def _floyd_check(op, q, k1, v1, k2, v2, atten_mask):
     for name, t in (("query_ik", q), ("key_ij", k1), ("value_ij", v1), ("key_jk", k2), ("value_jk", v2)):
-        check(t.dim() == 5, op, "%s must be 5-D, got %d-D" % (name, t.dim()))
-        check(t.dtype == q.dtype, op, "%s dtype %s must equal query_ik dtype %s" % (name, t.dtype, q.dtype))
+        check(t.dim() == 5, op, "%s must be 5-D, got %d-D", (name, t.dim()))
+        check(t.dtype == q.dtype, op, "%s dtype %s must equal query_ik dtype %s", (name, t.dtype, q.dtype))
     check(q.dtype in (torch.float16, torch.bfloat16, torch.float64), op,
-          "dtype must be float16 or bfloat16, got %s" % q.dtype)
+          "dtype must be float16 or bfloat16, got %s", q.dtype)
     b, h, n, m, d = q.shape
     kk = k1.shape[3]
     check(tuple(k1.shape) == (b, h, n, kk, d) and tuple(v1.shape) == tuple(k1.shape), op,
-          "key_ij / value_ij must be [B, H, N, K, D] = [%d, %d, %d, K, %d]" % (b, h, n, d))
+          "key_ij / value_ij must be [B, H, N, K, D] = [%d, %d, %d, K, %d]", (b, h, n, d))
     check(tuple(k2.shape) == (b, h, kk, m, d) and tuple(v2.shape) == tuple(k2.shape), op,
-          "key_jk / value_jk must be [B, H, K, M, D] = [%d, %d, %d, %d, %d]" % (b, h, kk, m, d))
+          "key_jk / value_jk must be [B, H, K, M, D] = [%d, %d, %d, %d, %d]", (b, h, kk, m, d))
     if atten_mask is not None:
         check(atten_mask.dtype in (torch.bool, torch.uint8), op, "atten_mask must be bool or uint8")
-        check(tuple(atten_mask.shape) == (b, 1, n, 1, kk), op, "atten_mask must be [B, 1, N, 1, K] = %s, got %s"
-              % ((b, 1, n, 1, kk), tuple(atten_mask.shape)))
+        check(tuple(atten_mask.shape) == (b, 1, n, 1, kk), op, "atten_mask must be [B, 1, N, 1, K] = %s, got %s", ((b, 1, n, 1, kk), tuple(atten_mask.shape)))
 
 
 def _floyd_logits(q, k1, k2, atten_mask, scale):
@@ -66,7 +65,7 @@ def npu_fused_floyd_attention_backward(grad_output, query_ik, key_ij, value_ij, 
     _floyd_check(op, query_ik, key_ij, value_ij, key_jk, value_jk, atten_mask)
     shape8 = tuple(query_ik.shape[:4]) + (8,)
     check(tuple(softmax_max.shape) == shape8 and tuple(softmax_sum.shape) == shape8, op,
-          "softmax_max / softmax_sum must be %s" % (shape8,))
+          "softmax_max / softmax_sum must be %s", (shape8,))
     check(tuple(grad_output.shape) == tuple(query_ik.shape) and tuple(attention_out.shape) == tuple(query_ik.shape),
           op, "grad_output / attention_out must be shaped like query_ik")
     x = _floyd_logits(query_ik, key_ij, key_jk, atten_mask, scale_value)

@@ -56,8 +56,7 @@ def npu_dropout_with_add_softmax(self, x1, alpha, prob, dim):
     bytes, one per element (1 = kept, padding 0). Differentiable (gradient of the formula:
     ``alpha * dS`` for ``self``, ``dS`` for ``x1``)."""
     op = "npu_dropout_with_add_softmax"
-    check(self.shape == x1.shape, op, "self and x1 must have the same shape, got %s and %s"
-          % (tuple(self.shape), tuple(x1.shape)))
+    check(self.shape == x1.shape, op, "self and x1 must have the same shape, got %s and %s", (tuple(self.shape), tuple(x1.shape)))
     if not 0.0 <= prob <= 1.0:
         unsupported(op, "prob=%r (must be in [0, 1])" % (prob,))
     mask = _byte_keep(self.numel(), prob, self.device)
@@ -74,7 +73,7 @@ def npu_dropout_with_add_softmax_backward(grad, mask, softmax_out, alpha, prob, 
     op = "npu_dropout_with_add_softmax_backward"
     n = softmax_out.numel()
     check(mask.dtype == torch.uint8 and mask.numel() >= n, op,
-          "mask must be uint8 with at least %d bytes, got %s %s" % (n, mask.dtype, tuple(mask.shape)))
+          "mask must be uint8 with at least %d bytes, got %s %s", (n, mask.dtype, tuple(mask.shape)))
     s = acc(softmax_out)
     g = _apply_keep(acc(grad), mask.reshape(-1)[:n], 1.0 - prob)
     ds = s * (g - (g * s).sum(dim, keepdim=True))
@@ -87,10 +86,9 @@ def npu_dropout_with_add_softmax_backward(grad, mask, softmax_out, alpha, prob, 
 def _fas_checks(op, q, k, v, flags):
     if any(flags):
         unsupported(op, "the transpose flags (their layouts are not documented; all must be False)")
-    check(q.dim() == 4, op, "query_layer must be 4-D (B, N, S, D), got %d-D" % q.dim())
+    check(q.dim() == 4, op, "query_layer must be 4-D (B, N, S, D), got %d-D", q.dim())
     check(k.shape == q.shape and v.shape == q.shape, op,
-          "key_layer and value_layer must have the shape of query_layer %s, got %s and %s"
-          % (tuple(q.shape), tuple(k.shape), tuple(v.shape)))
+          "key_layer and value_layer must have the shape of query_layer %s, got %s and %s", (tuple(q.shape), tuple(k.shape), tuple(v.shape)))
 
 
 def _fas_forward(op, q, k, v, mask, scale, keep_prob, flags):
@@ -135,10 +133,8 @@ def npu_fused_attention_score_fwd(query_layer, key_layer, value_layer, attention
 def _fas_grads(op, grad_output, softmax_output, q, k, v, drop_mask, scale, keep_prob, flags):
     _fas_checks(op, q, k, v, flags)
     b, n, s, d = q.shape
-    check(grad_output.numel() == b * s * n * d, op, "grad_output must have B*S*N*D = %d elements, got %s"
-          % (b * s * n * d, tuple(grad_output.shape)))
-    check(drop_mask.numel() >= softmax_output.numel(), op, "drop_mask has %d bytes, needs %d"
-          % (drop_mask.numel(), softmax_output.numel()))
+    check(grad_output.numel() == b * s * n * d, op, "grad_output must have B*S*N*D = %d elements, got %s", (b * s * n * d, tuple(grad_output.shape)))
+    check(drop_mask.numel() >= softmax_output.numel(), op, "drop_mask has %d bytes, needs %d", (drop_mask.numel(), softmax_output.numel()))
     do = acc(grad_output).reshape(b, s, n, d).permute(0, 2, 1, 3)
     p = acc(softmax_output)
     keep = drop_mask.reshape(-1)[:p.numel()]

@@ -25,7 +25,7 @@ _MAX_TOKENS = 2147483647
 
 
 def _check_keep_prob(op, keep_prob):
-    check(0 < keep_prob <= 1, op, "The keep_prob value must be in range of (0, 1], but got %s" % keep_prob)
+    check(0 < keep_prob <= 1, op, "The keep_prob value must be in range of (0, 1], but got %s", keep_prob)
 
 
 class _Config:
@@ -83,11 +83,32 @@ class _FusionAttention(torch.autograd.Function):
         return dq, dk, dv, dpse, None
 
 
+def _sdpa_attention(plan, query, key, value, scale):
+    """The forward of a call ATen's CPU flash kernel computes exactly (attention.flash._sdpa_causal):
+    that kernel, differentiated by autograd through its own ATen derivative, with the row
+    statistics beside it; None when the call needs the general engine. Per call this is a few
+    ATen ops and no autograd.Function, so the fused op costs what SDPA costs."""
+    if plan.layout == "TND":
+        return None
+    seg = plan.segments(query, key, value, None)[0]
+    causal = flash._sdpa_causal(seg, None)
+    if causal is None:
+        return None
+    out, row_max, row_sum = flash.sdpa_attention(seg, scale, causal, acc(query).dtype)
+    return (plan.merge_q([out], query).to(query.dtype), plan.merge_stats([row_max], query),
+            plan.merge_stats([row_sum], query))
+
+
 def _attention(op, query, key, value, head_num, input_layout, pse, atten_mask, scale, keep_prob, pre_tokens,
                next_tokens, prefix, actual_seq_qlen, actual_seq_kvlen, sparse_mode, pse_type):
     _check_keep_prob(op, keep_prob)
     plan = Plan(op, query, key, value, head_num, input_layout, pse, atten_mask, pre_tokens, next_tokens, prefix,
                 actual_seq_qlen, actual_seq_kvlen, sparse_mode)
+    if pse is None and keep_prob == 1:
+        fast = _sdpa_attention(plan, query, key, value, scale)
+        if fast is not None:
+            out, smax, ssum = fast
+            return out, smax, ssum, query.new_empty([0]), 0, 0, plan.numels
     seed, offset = draw_seed_offset(query) if keep_prob < 1 else (0, 0)
     cfg = _Config(plan, scale, pse_type, keep_prob, seed, offset, acc(query).dtype)
     out, smax, ssum = _FusionAttention.apply(query, key, value, pse, cfg)
@@ -98,8 +119,7 @@ def _attention_grad(op, query, key, value, dy, head_num, input_layout, pse, atte
                     pre_tokens, next_tokens, seed, offset, prefix, actual_seq_qlen, actual_seq_kvlen, sparse_mode,
                     pse_type):
     _check_keep_prob(op, keep_prob)
-    check(tuple(dy.shape) == tuple(query.shape), op, "dy shape %s differs from the query's %s"
-          % (tuple(dy.shape), tuple(query.shape)))
+    check(tuple(dy.shape) == tuple(query.shape), op, "dy shape %s differs from the query's %s", (tuple(dy.shape), tuple(query.shape)))
     plan = Plan(op, query, key, value, head_num, input_layout, pse, atten_mask, pre_tokens, next_tokens, prefix,
                 actual_seq_qlen, actual_seq_kvlen, sparse_mode)
     cfg = _Config(plan, scale_value, pse_type, keep_prob, seed, offset, acc(query).dtype)
@@ -160,7 +180,7 @@ def npu_fusion_attention_grad(query, key, value, dy, head_num, input_layout, pse
 def _check_pse_type(op, pse_type, query_rope, key_rope):
     if pse_type in (2, 3):
         unsupported(op, "pse_type %d (alibi generated from slopes)" % pse_type)
-    check(pse_type in (0, 1), op, "pse_type must be in 0-3, got %d" % pse_type)
+    check(pse_type in (0, 1), op, "pse_type must be in 0-3, got %d", pse_type)
     reject_given(op, query_rope=query_rope, key_rope=key_rope)
 
 

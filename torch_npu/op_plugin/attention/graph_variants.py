@@ -30,7 +30,7 @@ def _lengths(op, name, t):
         return None
     if not torch.is_tensor(t):
         return [int(v) for v in t]
-    check(t.dim() == 1, op, "%s must be a 1-D tensor of cumulative lengths, got %d-D" % (name, t.dim()))
+    check(t.dim() == 1, op, "%s must be a 1-D tensor of cumulative lengths, got %d-D", (name, t.dim()))
     return [int(v) for v in t.tolist()]
 
 
@@ -39,7 +39,7 @@ def _host_int(op, name, t):
         return 0
     if not torch.is_tensor(t):
         return int(t)
-    check(t.numel() == 1, op, "%s must hold one value, got %d" % (name, t.numel()))
+    check(t.numel() == 1, op, "%s must hold one value, got %d", (name, t.numel()))
     return int(t.reshape(-1)[0].item())
 
 
@@ -147,9 +147,9 @@ def _fa_stat_shape(op, query, head_num, input_layout):
         check(query.dim() == 3, op, "query must be 3-D for TND")
         return (query.shape[0], head_num, 8)
     dims = {"BSH": (0, 1, 3), "SBH": (1, 0, 3), "BSND": (0, 1, 4), "BNSD": (0, 2, 4)}
-    check(layout in dims, op, "input_layout must be BSH, SBH, BSND, BNSD or TND, got %r" % input_layout)
+    check(layout in dims, op, "input_layout must be BSH, SBH, BSND, BNSD or TND, got %r", input_layout)
     b, s, rank = dims[layout]
-    check(query.dim() == rank, op, "query must be %d-D for %s, got %d-D" % (rank, layout, query.dim()))
+    check(query.dim() == rank, op, "query must be %d-D for %s, got %d-D", (rank, layout, query.dim()))
     return (query.shape[b], head_num, query.shape[s], 8)
 
 
@@ -218,18 +218,17 @@ _QUERY_RANK = {"BSH": 3, "TND": 3, "NTD": 3, "NSD": 3, "BSND": 4, "BNSD": 4}
 
 def fia_output_shapes(op, query, value, input_layout, block_table, num_heads, num_key_value_heads):
     """(attention_out shape, lse shape with the flag set) of the fused infer attention ops."""
-    check(num_heads > 0, op, "num_heads must be > 0, got %d" % num_heads)
-    check(input_layout in _FIA_LAYOUTS, op, "input_layout %r is not supported" % (input_layout,))
+    check(num_heads > 0, op, "num_heads must be > 0, got %d", num_heads)
+    check(input_layout in _FIA_LAYOUTS, op, "input_layout %r is not supported", (input_layout,))
     q_layout, o_layout = _FIA_LAYOUTS[input_layout]
-    check(query.dim() == _QUERY_RANK[q_layout], op, "query must be %d-D for layout %s, got %d-D"
-          % (_QUERY_RANK[q_layout], q_layout, query.dim()))
+    check(query.dim() == _QUERY_RANK[q_layout], op, "query must be %d-D for layout %s, got %d-D", (_QUERY_RANK[q_layout], q_layout, query.dim()))
     n_kv = num_heads if num_key_value_heads == 0 else num_key_value_heads
     if block_table is not None:
-        check(value.dim() in (3, 4, 5), op, "with block_table value must be 3-, 4- or 5-D, got %d-D" % value.dim())
+        check(value.dim() in (3, 4, 5), op, "with block_table value must be 3-, 4- or 5-D, got %d-D", value.dim())
         dv = {3: lambda: value.shape[2] // n_kv, 4: lambda: value.shape[3],
               5: lambda: value.shape[2] * value.shape[4]}[value.dim()]()
     else:
-        check(value.dim() == query.dim(), op, "value must have query's rank %d, got %d" % (query.dim(), value.dim()))
+        check(value.dim() == query.dim(), op, "value must have query's rank %d, got %d", (query.dim(), value.dim()))
         dv = value.shape[2] // n_kv if q_layout == "BSH" else value.shape[3] if q_layout in ("BSND", "BNSD") \
             else value.shape[2]
     if value.dtype == torch.int32:  # int4 packed in int32

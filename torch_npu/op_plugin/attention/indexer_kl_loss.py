@@ -48,67 +48,63 @@ def _full_lengths_only(op, name, lengths, batch, seq):
 
 
 def _cumulative(op, name, lengths, total):
-    check(lengths is not None, op, "%s is required for layout TND" % name)
+    check(lengths is not None, op, "%s is required for layout TND", name)
     lengths = [int(x) for x in lengths]
     check(len(lengths) >= 1 and lengths[0] >= 0 and all(a <= b for a, b in zip(lengths, lengths[1:])), op,
-          "%s must hold non-decreasing cumulative lengths, got %s" % (name, lengths))
-    check(lengths[-1] == total, op, "%s must end at T=%d, got %d" % (name, total, lengths[-1]))
+          "%s must hold non-decreasing cumulative lengths, got %s", (name, lengths))
+    check(lengths[-1] == total, op, "%s must end at T=%d, got %d", (name, total, lengths[-1]))
     return [0] + lengths[:-1], [b - a for a, b in zip([0] + lengths[:-1], lengths)]
 
 
 def _segments(op, layout, query, key, actual_seq_qlen, actual_seq_klen):
     """[(query row start, S1, key row start, S2)] per batch, over rows flattened to [T, N, D]."""
     if layout == "BSND":
-        check(query.dim() == 4 and key.dim() == 4, op, "query and key must be 4-D for layout BSND, got %d-D and %d-D"
-              % (query.dim(), key.dim()))
+        check(query.dim() == 4 and key.dim() == 4, op, "query and key must be 4-D for layout BSND, got %d-D and %d-D", (query.dim(), key.dim()))
         b, s1, s2 = query.shape[0], query.shape[1], key.shape[1]
-        check(key.shape[0] == b, op, "key batch %d differs from the query's %d" % (key.shape[0], b))
+        check(key.shape[0] == b, op, "key batch %d differs from the query's %d", (key.shape[0], b))
         _full_lengths_only(op, "actual_seq_qlen", actual_seq_qlen, b, s1)
         _full_lengths_only(op, "actual_seq_klen", actual_seq_klen, b, s2)
         return [(i * s1, s1, i * s2, s2) for i in range(b)]
     if layout == "TND":
-        check(query.dim() == 3 and key.dim() == 3, op, "query and key must be 3-D for layout TND, got %d-D and %d-D"
-              % (query.dim(), key.dim()))
+        check(query.dim() == 3 and key.dim() == 3, op, "query and key must be 3-D for layout TND, got %d-D and %d-D", (query.dim(), key.dim()))
         qs, ql = _cumulative(op, "actual_seq_qlen", actual_seq_qlen, query.shape[0])
         ks, kl = _cumulative(op, "actual_seq_klen", actual_seq_klen, key.shape[0])
-        check(len(ql) == len(kl), op, "actual_seq_qlen and actual_seq_klen give %d and %d batches" % (len(ql), len(kl)))
+        check(len(ql) == len(kl), op, "actual_seq_qlen and actual_seq_klen give %d and %d batches", (len(ql), len(kl)))
         return list(zip(qs, ql, ks, kl))
     raise NotImplementedError("%s: layout %r is not emulated (supported: BSND, TND)" % (op, layout))
 
 
 def _check_common(op, query, key, query_index, key_index, weights, query_rope, key_rope, layout, sparse_mode,
                   pre_tokens, next_tokens):
-    check(sparse_mode == 3, op, "only sparse_mode 3 is supported, got %s" % sparse_mode)
-    check(query.dim() in (3, 4), op, "query must be 3-D or 4-D, got %d-D" % query.dim())
+    check(sparse_mode == 3, op, "only sparse_mode 3 is supported, got %s", sparse_mode)
+    check(query.dim() in (3, 4), op, "query must be 3-D or 4-D, got %d-D", query.dim())
     for name, t in (("key", key), ("query_index", query_index), ("key_index", key_index)):
-        check(t.dim() == query.dim(), op, "%s must have query's rank %d, got %d-D" % (name, query.dim(), t.dim()))
-    check(query.dtype in _FLOATS, op, "query dtype %s is not supported" % query.dtype)
+        check(t.dim() == query.dim(), op, "%s must have query's rank %d, got %d-D", (name, query.dim(), t.dim()))
+    check(query.dtype in _FLOATS, op, "query dtype %s is not supported", query.dtype)
     for name, t in (("key", key), ("query_index", query_index), ("key_index", key_index)):
-        check(t.dtype == query.dtype, op, "%s dtype %s must equal query's %s" % (name, t.dtype, query.dtype))
+        check(t.dtype == query.dtype, op, "%s dtype %s must equal query's %s", (name, t.dtype, query.dtype))
     check(weights.dtype in (query.dtype, torch.float32), op,
-          "weights dtype %s must be query's %s or float32" % (weights.dtype, query.dtype))
+          "weights dtype %s must be query's %s or float32", (weights.dtype, query.dtype))
     check((query_rope is None) == (key_rope is None), op, "query_rope and key_rope must be given together")
     n1, n2 = query.shape[-2], key.shape[-2]
-    check(key.shape[-1] == query.shape[-1], op, "key head dim %d differs from the query's %d"
-          % (key.shape[-1], query.shape[-1]))
-    check(n1 % n2 == 0, op, "query heads %d are not a multiple of key heads %d" % (n1, n2))
-    check(key_index.shape[-2] == 1, op, "key_index heads (N2index) must be 1, got %d" % key_index.shape[-2])
-    check(key_index.shape[-1] == query_index.shape[-1], op, "key_index head dim %d differs from query_index's %d"
-          % (key_index.shape[-1], query_index.shape[-1]))
+    check(key.shape[-1] == query.shape[-1], op, "key head dim %d differs from the query's %d", (key.shape[-1], query.shape[-1]))
+    check(n1 % n2 == 0, op, "query heads %d are not a multiple of key heads %d", (n1, n2))
+    check(key_index.shape[-2] == 1, op, "key_index heads (N2index) must be 1, got %d", key_index.shape[-2])
+    check(key_index.shape[-1] == query_index.shape[-1], op, "key_index head dim %d differs from query_index's %d", (key_index.shape[-1], query_index.shape[-1]))
     check(tuple(query_index.shape[:-2]) == tuple(query.shape[:-2]), op,
-          "query_index leading dims %s differ from query's %s" % (tuple(query_index.shape[:-2]),
+          "query_index leading dims %s differ from query's %s", (tuple(query_index.shape[:-2]),
                                                                    tuple(query.shape[:-2])))
     check(tuple(key_index.shape[:-2]) == tuple(key.shape[:-2]), op,
-          "key_index leading dims %s differ from key's %s" % (tuple(key_index.shape[:-2]), tuple(key.shape[:-2])))
+          "key_index leading dims %s differ from key's %s", (tuple(key_index.shape[:-2]), tuple(key.shape[:-2])))
     check(tuple(weights.shape) == tuple(query_index.shape[:-1]), op, "weights shape %s must be query_index's "
-          "without D %s" % (tuple(weights.shape), tuple(query_index.shape[:-1])))
+          "without D %s", (tuple(weights.shape), tuple(query_index.shape[:-1])))
     if query_rope is not None:
         check(query_rope.dtype == query.dtype and key_rope.dtype == query.dtype, op,
-              "query_rope/key_rope dtype must equal query's %s" % query.dtype)
+              "query_rope/key_rope dtype must equal query's %s", query.dtype)
         check(tuple(query_rope.shape[:-1]) == tuple(query.shape[:-1]), op, "query_rope shape %s must match query's "
-              "%s except D" % (tuple(query_rope.shape), tuple(query.shape)))
+              "%s except D", (tuple(query_rope.shape), tuple(query.shape)))
         check(tuple(key_rope.shape[:-1]) == tuple(key.shape[:-1]), op, "key_rope shape %s must match key's %s "
-              "except D" % (tuple(key_rope.shape), tuple(key.shape)))
+              "except D", (tuple(key_rope.shape), tuple(key.shape)))
         check(query_rope.shape[-1] == key_rope.shape[-1], op, "query_rope and key_rope head dims differ")
     # Under sparse_mode 3 a window at least as long as every sequence cannot cut anything; what a
     # shorter one does with the causal mask is not documented.
@@ -116,14 +112,14 @@ def _check_common(op, query, key, query_index, key_index, weights, query_rope, k
     if pre_tokens < longest or next_tokens < longest:
         raise NotImplementedError("%s: pre_tokens=%d / next_tokens=%d shorter than the sequences are not emulated "
                                   "(their effect with sparse_mode 3 is not documented)" % (op, pre_tokens, next_tokens))
-    check(layout in ("BSND", "TND"), op, "layout must be BSND or TND, got %r" % (layout,))
+    check(layout in ("BSND", "TND"), op, "layout must be BSND or TND, got %r", (layout,))
 
 
 def _stat_rows(op, name, stat, layout, segments_q, shape_bsnd, shape_tnd):
     """Softmax statistics as [heads, total query rows] float (head order n2 * G + g)."""
     want = shape_bsnd if layout == "BSND" else shape_tnd
-    check(tuple(stat.shape) == tuple(want), op, "%s must have shape %s, got %s" % (name, tuple(want), tuple(stat.shape)))
-    check(stat.dtype in (torch.float32, torch.float64), op, "%s must be float32, got %s" % (name, stat.dtype))
+    check(tuple(stat.shape) == tuple(want), op, "%s must have shape %s, got %s", (name, tuple(want), tuple(stat.shape)))
+    check(stat.dtype in (torch.float32, torch.float64), op, "%s must be float32, got %s", (name, stat.dtype))
     if layout == "BSND":
         stat = stat.movedim(0, -2) if stat.dim() == 3 else stat.permute(1, 3, 0, 2)   # -> [N2, (G,) B, S1]
     else:
@@ -240,11 +236,9 @@ def npu_sparse_lightning_indexer_grad_kl_loss(query, key, query_index, key_index
     next_tokens = _MAX if next_tokens is None else next_tokens
     _check_common(op, query, key, query_index, key_index, weights, query_rope, key_rope, layout, sparse_mode,
                   pre_tokens, next_tokens)
-    check(sparse_indices.dtype in (torch.int32, torch.int64), op, "sparse_indices must be int32, got %s"
-          % sparse_indices.dtype)
+    check(sparse_indices.dtype in (torch.int32, torch.int64), op, "sparse_indices must be int32, got %s", sparse_indices.dtype)
     check(sparse_indices.dim() == query.dim() and tuple(sparse_indices.shape[:-2]) == tuple(query.shape[:-2])
-          and sparse_indices.shape[-2] == 1, op, "sparse_indices must have shape %s, got %s"
-          % (tuple(query.shape[:-2]) + (1, "topK"), tuple(sparse_indices.shape)))
+          and sparse_indices.shape[-2] == 1, op, "sparse_indices must have shape %s, got %s", (tuple(query.shape[:-2]) + (1, "topK"), tuple(sparse_indices.shape)))
     segments = _segments(op, layout, query, key, actual_seq_qlen, actual_seq_klen)
     n1, n2 = query.shape[-2], key.shape[-2]
     g = n1 // n2

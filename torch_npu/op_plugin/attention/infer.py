@@ -21,27 +21,24 @@ _MAX_TOKENS = 2147483647
 def _split(op, query, key, value, num_heads, num_kv_heads, layout, layouts):
     if layout not in layouts:
         unsupported(op, "input_layout %r (supported: %s)" % (layout, ", ".join(layouts)))
-    check(num_heads > 0, op, "num_heads must be positive, got %d" % num_heads)
+    check(num_heads > 0, op, "num_heads must be positive, got %d", num_heads)
     check(query.dtype == key.dtype == value.dtype, op, "query, key and value must have one dtype")
     n_kv = num_heads if num_kv_heads == 0 else num_kv_heads
-    check(n_kv > 0 and num_heads % n_kv == 0, op, "num_heads %d is not a multiple of num_key_value_heads %d"
-          % (num_heads, n_kv))
+    check(n_kv > 0 and num_heads % n_kv == 0, op, "num_heads %d is not a multiple of num_key_value_heads %d", (num_heads, n_kv))
     if layout == "BSH":
-        check(query.dim() == 3, op, "query must be 3-D for layout BSH, got %d-D" % query.dim())
-        check(query.shape[2] % num_heads == 0, op, "query hidden size %d is not divisible by num_heads %d"
-              % (query.shape[2], num_heads))
+        check(query.dim() == 3, op, "query must be 3-D for layout BSH, got %d-D", query.dim())
+        check(query.shape[2] % num_heads == 0, op, "query hidden size %d is not divisible by num_heads %d", (query.shape[2], num_heads))
         head_dim = query.shape[2] // num_heads
     else:
-        check(query.dim() == 4, op, "query must be 4-D for layout %s, got %d-D" % (layout, query.dim()))
+        check(query.dim() == 4, op, "query must be 4-D for layout %s, got %d-D", (layout, query.dim()))
         head_dim = query.shape[3]
     q = _to_bnsd(op, query, layout, head_dim, "query")
     k = _to_bnsd(op, key, layout, head_dim, "key")
     v = _to_bnsd(op, value, layout, head_dim, "value")
-    check(q.shape[1] == num_heads, op, "query has %d heads but num_heads is %d" % (q.shape[1], num_heads))
-    check(k.shape[1] == n_kv, op, "key has %d heads but num_key_value_heads gives %d" % (k.shape[1], n_kv))
-    check(tuple(k.shape) == tuple(v.shape), op, "key %s and value %s shapes differ"
-          % (tuple(key.shape), tuple(value.shape)))
-    check(k.shape[0] == q.shape[0], op, "key batch %d differs from the query's %d" % (k.shape[0], q.shape[0]))
+    check(q.shape[1] == num_heads, op, "query has %d heads but num_heads is %d", (q.shape[1], num_heads))
+    check(k.shape[1] == n_kv, op, "key has %d heads but num_key_value_heads gives %d", (k.shape[1], n_kv))
+    check(tuple(k.shape) == tuple(v.shape), op, "key %s and value %s shapes differ", (tuple(key.shape), tuple(value.shape)))
+    check(k.shape[0] == q.shape[0], op, "key batch %d differs from the query's %d", (k.shape[0], q.shape[0]))
     return q, k, v
 
 
@@ -50,14 +47,14 @@ def _split_paged(op, query, key, value, block_table, block_size, num_heads, num_
     """Like _split for page attention: query in ``layout``, key/value caches of blocks."""
     if layout not in layouts:
         unsupported(op, "input_layout %r (supported: %s)" % (layout, ", ".join(layouts)))
-    check(num_heads > 0, op, "num_heads must be positive, got %d" % num_heads)
+    check(num_heads > 0, op, "num_heads must be positive, got %d", num_heads)
     n_kv = num_heads if num_kv_heads == 0 else num_kv_heads
-    check(num_heads % n_kv == 0, op, "num_heads %d is not a multiple of num_key_value_heads %d" % (num_heads, n_kv))
+    check(num_heads % n_kv == 0, op, "num_heads %d is not a multiple of num_key_value_heads %d", (num_heads, n_kv))
     check(key.dtype == value.dtype and tuple(key.shape) == tuple(value.shape), op,
           "key and value caches must have one dtype and shape")
     head_dim = query.shape[2] // num_heads if layout == "BSH" else query.shape[3]
     q = _to_bnsd(op, query, layout, head_dim, "query")
-    check(q.shape[1] == num_heads, op, "query has %d heads but num_heads is %d" % (q.shape[1], num_heads))
+    check(q.shape[1] == num_heads, op, "query has %d heads but num_heads is %d", (q.shape[1], num_heads))
     if key.dim() == 4:
         check(layout == "BNSD", op, "a (blocknum, numKvHeads, blocksize, headDims) cache needs query layout BNSD")
     lens = None if lengths is None else [int(x) for x in (lengths.tolist() if torch.is_tensor(lengths) else lengths)]
@@ -71,7 +68,7 @@ def _split_paged(op, query, key, value, block_table, block_size, num_heads, num_
             lens_b, device=k.device).view(-1, 1, 1, 1)
         k, v = k.masked_fill(dead, 0), v.masked_fill(dead, 0)
     check(key.dtype == query.dtype, op, "key cache dtype %s differs from the query's %s (int8 caches need antiquant, "
-          "not emulated)" % (key.dtype, query.dtype))
+          "not emulated)", (key.dtype, query.dtype))
     return q, k, v
 
 
@@ -82,23 +79,22 @@ def _mask4(op, atten_mask, b, s1, s2, decode):
         m = m.view(b, 1, 1, s2) if decode and m.shape[0] == b and m.shape[1] == s2 else m
     elif m.dim() == 3:
         m = m.unsqueeze(1)
-    check(2 <= m.dim() <= 4, op, "atten_mask must be 2-D to 4-D, got %d-D" % atten_mask.dim())
+    check(2 <= m.dim() <= 4, op, "atten_mask must be 2-D to 4-D, got %d-D", atten_mask.dim())
     m = m[..., :s1, :s2] if m.shape[-2] >= s1 and m.shape[-1] >= s2 else m
     try:
         torch.broadcast_shapes(tuple(m.shape), (b, 1, s1, s2))
     except RuntimeError:
-        check(False, op, "atten_mask shape %s does not broadcast to [B, N, S1, S2] = [%d, *, %d, %d]"
-              % (tuple(atten_mask.shape), b, s1, s2))
+        check(False, op, "atten_mask shape %s does not broadcast to [B, N, S1, S2] = [%d, *, %d, %d]", (tuple(atten_mask.shape), b, s1, s2))
     return m
 
 
 def _kv_len_mask(op, lengths, b, s2, device, what):
     lengths = list(lengths)
-    check(len(lengths) in (1, b), op, "%s must have 1 or B=%d entries, got %d" % (what, b, len(lengths)))
+    check(len(lengths) in (1, b), op, "%s must have 1 or B=%d entries, got %d", (what, b, len(lengths)))
     if len(lengths) == 1:
         lengths = lengths * b
     for n in lengths:
-        check(0 <= n <= s2, op, "%s entries must be in [0, %d], got %s" % (what, s2, n))
+        check(0 <= n <= s2, op, "%s entries must be in [0, %d], got %s", (what, s2, n))
     lens = torch.tensor(lengths, dtype=torch.long, device=device).view(b, 1, 1, 1)
     return torch.arange(s2, device=device).view(1, 1, 1, s2) >= lens
 
@@ -109,21 +105,19 @@ def _paged_kv(op, cache, block_table, block_size, n_kv, head_dim, batch, lengths
     (blocknum, numKvHeads, blocksize, headDims); logical token j of batch b is row
     ``j % block_size`` of block ``block_table[b, j // block_size]``."""
     check(block_table.dim() == 2 and block_table.shape[0] == batch, op,
-          "block_table must be 2-D with B=%d rows, got %s" % (batch, tuple(block_table.shape)))
+          "block_table must be 2-D with B=%d rows, got %s", (batch, tuple(block_table.shape)))
     check(lengths is not None, op, "page attention needs the per-batch actual sequence lengths")
-    check(block_size > 0, op, "block_size must be positive with block_table, got %d" % block_size)
+    check(block_size > 0, op, "block_size must be positive with block_table, got %d", block_size)
     if cache.dim() == 3:
         check(tuple(cache.shape[1:]) == (block_size, n_kv * head_dim), op,
-              "%s cache must be (blocknum, %d, %d), got %s" % (what, block_size, n_kv * head_dim, tuple(cache.shape)))
+              "%s cache must be (blocknum, %d, %d), got %s", (what, block_size, n_kv * head_dim, tuple(cache.shape)))
         blocks = cache.view(cache.shape[0], block_size, n_kv, head_dim).transpose(1, 2)
     else:
         check(cache.dim() == 4 and tuple(cache.shape[1:]) == (n_kv, block_size, head_dim), op,
-              "%s cache must be (blocknum, %d, %d, %d), got %s"
-              % (what, n_kv, block_size, head_dim, tuple(cache.shape)))
+              "%s cache must be (blocknum, %d, %d, %d), got %s", (what, n_kv, block_size, head_dim, tuple(cache.shape)))
         blocks = cache
     need = max((n + block_size - 1) // block_size for n in lengths)
-    check(block_table.shape[1] >= need, op, "block_table has %d columns, the longest sequence needs %d"
-          % (block_table.shape[1], need))
+    check(block_table.shape[1] >= need, op, "block_table has %d columns, the longest sequence needs %d", (block_table.shape[1], need))
     # columns past a sequence's blocks may hold anything: clamp them to a valid id, the
     # length mask hides those keys
     table = block_table.long().clamp(0, cache.shape[0] - 1)
@@ -137,7 +131,7 @@ def _left_padding_mask(op, kv_padding_size, lengths, b, s2, device):
     gives an all-zero output (documented). Returns (mask True = masked, rows to zero)."""
     pad = max(int(kv_padding_size.reshape(-1)[0]) if torch.is_tensor(kv_padding_size) else int(kv_padding_size), 0)
     lengths = list(lengths) * (b if len(lengths) == 1 else 1)
-    check(len(lengths) == b, op, "actual_seq_lengths must have 1 or B=%d entries" % b)
+    check(len(lengths) == b, op, "actual_seq_lengths must have 1 or B=%d entries", b)
     j = torch.arange(s2, device=device).view(1, 1, 1, s2)
     end = s2 - pad
     starts = torch.tensor([end - n for n in lengths], dtype=torch.long, device=device).view(b, 1, 1, 1)
@@ -260,7 +254,7 @@ def npu_incre_flash_attention(query, key, value, padding_mask=None, atten_mask=N
                                input_layout, layouts, actual_seq_lengths)
     b, _, s1, _ = q.shape
     s2 = k.shape[2]
-    check(s1 == 1, op, "query sequence length must be 1 (decode), got %d" % s1)
+    check(s1 == 1, op, "query sequence length must be 1 (decode), got %d", s1)
     mask = None
     if atten_mask is not None:
         mask = _mask4(op, atten_mask, b, s1, s2, decode=True)

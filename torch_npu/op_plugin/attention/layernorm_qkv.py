@@ -39,16 +39,16 @@ def npu_fused_attention_layernorm_qkv_fwd(x, kernel_query, kernel_key, kernel_va
     """[norm, query, key, value, mean, variance (= rstd)]; see the module docstring."""
     op = "npu_fused_attention_layernorm_qkv_fwd"
     check(seq_len != 0 or num_heads != 0, op, "seq_len and num_heads cannot be equal to 0.")
-    check(x.dim() == 2, op, "x must be 2-D [B*S, H], got %d-D" % x.dim())
+    check(x.dim() == 2, op, "x must be 2-D [B*S, H], got %d-D", x.dim())
     check(x.shape[0] % seq_len == 0 and x.shape[1] % num_heads == 0, op,
           "x.size(0) should be divisible by seq_len and x.size(1) should be divisible by num_heads.")
     rows, hidden = x.shape
     d = hidden // num_heads
     for name, k in (("kernel_query", kernel_query), ("kernel_key", kernel_key), ("kernel_value", kernel_value)):
         check(k.dim() == 2 and k.shape[0] == hidden and k.shape[1] == hidden, op,
-              "%s must be [H=%d, H=%d], got %s" % (name, hidden, hidden, tuple(k.shape)))
-    check(tuple(gamma.shape) == (hidden,) and tuple(beta.shape) == (hidden,), op, "gamma and beta must be [H=%d]"
-          % hidden)
+              "%s must be [H=%d, H=%d], got %s", (name, hidden, hidden, tuple(k.shape)))
+    check(tuple(gamma.shape) == (hidden,) and tuple(beta.shape) == (hidden,), op, "gamma and beta must be [H=%d]",
+          hidden)
     xf = acc(x)
     mean = xf.mean(-1)
     rstd = torch.rsqrt(xf.var(-1, unbiased=False) + eps)
@@ -70,18 +70,18 @@ def npu_fused_attention_qkv_grad(grad_output_query, grad_output_key, grad_output
                                  value_kernel, hidden_states, grad_output_ln):
     """[grad_hidden_states, grad_w_query, grad_w_key, grad_w_value, grad_b_query, grad_b_key, grad_b_value]."""
     op = "npu_fused_attention_qkv_grad"
-    check(hidden_states.dim() == 2, op, "hidden_states must be 2-D [B*S, H], got %d-D" % hidden_states.dim())
+    check(hidden_states.dim() == 2, op, "hidden_states must be 2-D [B*S, H], got %d-D", hidden_states.dim())
     rows = hidden_states.shape[0]
     check(tuple(grad_output_ln.shape) == tuple(hidden_states.shape), op, "grad_output_ln must be shaped like "
-          "hidden_states %s" % (tuple(hidden_states.shape),))
+          "hidden_states %s", (tuple(hidden_states.shape),))
     grads, kernels = (grad_output_query, grad_output_key, grad_output_value), (query_kernel, key_kernel, value_kernel)
     for name, g, k in zip(("query", "key", "value"), grads, kernels):
-        check(k.dim() == 2 and k.shape[0] == hidden_states.shape[1], op, "%s_kernel must be [H=%d, *], got %s"
-              % (name, hidden_states.shape[1], tuple(k.shape)))
+        check(k.dim() == 2 and k.shape[0] == hidden_states.shape[1], op, "%s_kernel must be [H=%d, *], got %s",
+              (name, hidden_states.shape[1], tuple(k.shape)))
         check(k.shape[0] == k.shape[1], op, "%s_kernel must be square (its bias gradient has kernel.size(0) "
-              "entries)" % name)
-        check(tuple(g.shape) == (rows, k.shape[1]), op, "grad_output_%s must be [%d, %d], got %s"
-              % (name, rows, k.shape[1], tuple(g.shape)))
+              "entries)", name)
+        check(tuple(g.shape) == (rows, k.shape[1]), op, "grad_output_%s must be [%d, %d], got %s",
+              (name, rows, k.shape[1], tuple(g.shape)))
     h = acc(hidden_states)
     dx = acc(grad_output_ln)
     out_w, out_b = [], []

@@ -77,15 +77,15 @@ def _indexer_shape(query, key, weights, sparse_count, sparse_mode, pre_tokens, n
     if return_value:
         raise NotImplementedError("%s: return_value=True is not emulated (sparse_values' content/dtype "
                                   "are not established in the docs)" % op)
-    check(sparse_mode in (0, 3), op, "sparse_mode must be 0 or 3, got %d" % sparse_mode)
+    check(sparse_mode in (0, 3), op, "sparse_mode must be 0 or 3, got %d", sparse_mode)
     check(pre_tokens == _MAX and next_tokens == _MAX, op, "pre_tokens/next_tokens only support 2^63-1")
-    check(1 <= sparse_count, op, "sparse_count must be positive, got %d" % sparse_count)
+    check(1 <= sparse_count, op, "sparse_count must be positive, got %d", sparse_count)
     n1, d = query.shape[-2], query.shape[-1]
     n2 = key.shape[-2]
-    check(key.shape[-1] == d, op, "key head dim %d differs from the query's %d" % (key.shape[-1], d))
-    check(n1 % n2 == 0, op, "query heads %d are not a multiple of key heads %d" % (n1, n2))
-    check(tuple(weights.shape) == tuple(query.shape[:-1]), op, "weights shape %s must be query shape without D %s"
-          % (tuple(weights.shape), tuple(query.shape[:-1])))
+    check(key.shape[-1] == d, op, "key head dim %d differs from the query's %d", (key.shape[-1], d))
+    check(n1 % n2 == 0, op, "query heads %d are not a multiple of key heads %d", (n1, n2))
+    check(tuple(weights.shape) == tuple(query.shape[:-1]), op, "weights shape %s must be query shape without D %s",
+          (tuple(weights.shape), tuple(query.shape[:-1])))
     return tuple(query.shape[:-2]) + (n2, sparse_count)
 
 
@@ -135,10 +135,10 @@ def npu_lightning_indexer(query, key, weights, *, actual_seq_lengths_query=None,
 def _softmax_lse_shape(query_index, key_index, weights, layout, sparse_mode, pre_tokens, next_tokens):
     """The checks that need no tensor values; returns the shape of both outputs."""
     op = "npu_dense_lightning_indexer_softmax_lse"
-    check(sparse_mode in (0, 3), op, "sparse_mode must be 0 or 3, got %d" % sparse_mode)
+    check(sparse_mode in (0, 3), op, "sparse_mode must be 0 or 3, got %d", sparse_mode)
     check(pre_tokens == _MAX and next_tokens == _MAX, op, "pre_tokens/next_tokens only support 2^63-1")
     n1, n2 = query_index.shape[-2], key_index.shape[-2]
-    check(n1 % n2 == 0, op, "query heads %d are not a multiple of key heads %d" % (n1, n2))
+    check(n1 % n2 == 0, op, "query heads %d are not a multiple of key heads %d", (n1, n2))
     check(tuple(weights.shape) == tuple(query_index.shape[:-1]), op, "weights shape must be query shape without D")
     if layout == "BSND":
         return (query_index.shape[0], n2, query_index.shape[1])
@@ -193,10 +193,10 @@ non_differentiable("npu_lightning_indexer", "npu_dense_lightning_indexer_softmax
 
 
 def _cumulative(op, name, t, total):
-    check(t is not None, op, "%s is required for layout TND" % name)
+    check(t is not None, op, "%s is required for layout TND", name)
     vals = [int(v) for v in (t.tolist() if torch.is_tensor(t) else t)]
     check(len(vals) > 0 and vals[-1] == total and all(b >= a for a, b in zip([0] + vals, vals)), op,
-          "%s must be non-decreasing cumulative lengths ending at %d, got %s" % (name, total, vals))
+          "%s must be non-decreasing cumulative lengths ending at %d, got %s", (name, total, vals))
     return vals
 
 
@@ -212,30 +212,30 @@ def npu_lightning_indexer_grad(query, key, dy, sparse_indices, weights, actual_s
                                next_tokens=_MAX):
     """(d_query like query, d_key like key, d_weights like weights); see the module docstring."""
     op = "npu_lightning_indexer_grad"
-    check(layout in ("BSND", "TND"), op, "layout must be BSND or TND, got %r" % (layout,))
-    check(sparse_mode in (0, 3), op, "sparse_mode must be 0 or 3, got %s" % sparse_mode)
+    check(layout in ("BSND", "TND"), op, "layout must be BSND or TND, got %r", (layout,))
+    check(sparse_mode in (0, 3), op, "sparse_mode must be 0 or 3, got %s", sparse_mode)
     if pre_tokens != _MAX or next_tokens != _MAX:
         raise NotImplementedError("%s: only the default pre_tokens/next_tokens are emulated" % op)
-    check(sparse_indices.dtype == torch.int32, op, "sparse_indices must be int32, got %s" % sparse_indices.dtype)
+    check(sparse_indices.dtype == torch.int32, op, "sparse_indices must be int32, got %s", sparse_indices.dtype)
     tnd = layout == "TND"
     check(query.dim() == (3 if tnd else 4) and key.dim() == query.dim(), op,
-          "query and key must be %s" % ("[T, N, D]" if tnd else "[B, S, N, D]"))
+          "query and key must be %s", ("[T, N, D]" if tnd else "[B, S, N, D]"))
     lead = 1 if tnd else 2                       # token dims of query: (T,) or (B, S1)
     n1, d = query.shape[-2], query.shape[-1]
     n2 = key.shape[-2]
-    check(key.shape[-1] == d, op, "key D (%d) must equal query D (%d)" % (key.shape[-1], d))
-    check(n1 % n2 == 0, op, "query heads (%d) must be a multiple of key heads (%d)" % (n1, n2))
-    check(tuple(weights.shape) == tuple(query.shape[:-1]), op, "weights must be %s, got %s"
-          % (tuple(query.shape[:-1]), tuple(weights.shape)))
+    check(key.shape[-1] == d, op, "key D (%d) must equal query D (%d)", (key.shape[-1], d))
+    check(n1 % n2 == 0, op, "query heads (%d) must be a multiple of key heads (%d)", (n1, n2))
+    check(tuple(weights.shape) == tuple(query.shape[:-1]), op, "weights must be %s, got %s",
+          (tuple(query.shape[:-1]), tuple(weights.shape)))
     idx = sparse_indices
     if idx.dim() == lead + 1:
-        check(n2 == 1, op, "sparse_indices without a head dim needs N2 = 1, got %d" % n2)
+        check(n2 == 1, op, "sparse_indices without a head dim needs N2 = 1, got %d", n2)
         idx = idx.unsqueeze(-2)
     check(idx.dim() == lead + 2 and tuple(idx.shape[:lead]) == tuple(query.shape[:lead]) and idx.shape[-2] == n2, op,
-          "sparse_indices must be %s + [N2=%d, K], got %s"
-          % (tuple(query.shape[:lead]), n2, tuple(sparse_indices.shape)))
-    check(tuple(dy.shape) == tuple(sparse_indices.shape), op, "dy shape %s must equal sparse_indices shape %s"
-          % (tuple(dy.shape), tuple(sparse_indices.shape)))
+          "sparse_indices must be %s + [N2=%d, K], got %s",
+          (tuple(query.shape[:lead]), n2, tuple(sparse_indices.shape)))
+    check(tuple(dy.shape) == tuple(sparse_indices.shape), op, "dy shape %s must equal sparse_indices shape %s",
+          (tuple(dy.shape), tuple(sparse_indices.shape)))
     g = dy.reshape(idx.shape)
     cdt = torch.float64 if query.dtype == torch.float64 else torch.float32
     kk = idx.shape[-1]

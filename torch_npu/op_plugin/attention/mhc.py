@@ -64,13 +64,12 @@ def npu_mhc_sinkhorn(x, *, eps=1e-6, num_iters=20, out_flag=0):
     """Sinkhorn normalisation of each [n, n] matrix of ``x`` (see the module docstring).
     Returns (y, norm_out, sum_out)."""
     op = "npu_mhc_sinkhorn"
-    check(x.dim() in (3, 4), op, "x must be [B, S, n, n] or [T, n, n], got %d-D" % x.dim())
+    check(x.dim() in (3, 4), op, "x must be [B, S, n, n] or [T, n, n], got %d-D", x.dim())
     n = x.shape[-1]
-    check(x.shape[-2] == n and n in (4, 6, 8), op, "the last two dims must be n x n with n in 4, 6, 8, got %s"
-          % (tuple(x.shape[-2:]),))
-    check(x.dtype in (torch.float32, torch.float64), op, "x dtype must be float32, got %s" % x.dtype)
-    check(1 <= num_iters <= 100, op, "num_iters must be in [1, 100], got %s" % num_iters)
-    check(out_flag in (0, 1), op, "out_flag must be 0 or 1, got %s" % out_flag)
+    check(x.shape[-2] == n and n in (4, 6, 8), op, "the last two dims must be n x n with n in 4, 6, 8, got %s", (tuple(x.shape[-2:]),))
+    check(x.dtype in (torch.float32, torch.float64), op, "x dtype must be float32, got %s", x.dtype)
+    check(1 <= num_iters <= 100, op, "num_iters must be in [1, 100], got %s", num_iters)
+    check(out_flag in (0, 1), op, "out_flag must be 0 or 1, got %s", out_flag)
     probs = torch.softmax(x, dim=-1)
     y = probs + eps
     # norm[0] holds the softmax itself: npu_mhc_sinkhorn_backward (op-plugin's golden) reads it as
@@ -105,14 +104,13 @@ def _check_post(op, x, h_res, h_out, h_post):
     check(h_post.dtype == h_dtype, op, "h_post dtype must be FLOAT32")
     check(h_out.dtype == x.dtype, op, "h_out dtype must be the same as x dtype")
     lead, n, d = tuple(x.shape[:-2]), x.shape[-2], x.shape[-1]
-    check(tuple(h_out.shape) == lead + (d,), op, "h_out shape must be %s, got %s" % (lead + (d,), tuple(h_out.shape)))
-    check(tuple(h_post.shape) == lead + (n,), op, "h_post shape must be %s, got %s" % (lead + (n,), tuple(h_post.shape)))
+    check(tuple(h_out.shape) == lead + (d,), op, "h_out shape must be %s, got %s", (lead + (d,), tuple(h_out.shape)))
+    check(tuple(h_post.shape) == lead + (n,), op, "h_post shape must be %s, got %s", (lead + (n,), tuple(h_post.shape)))
     if h_res is None:
         raise NotImplementedError("%s: h_res=None is not emulated (what the op computes without h_res is not "
                                   "documented)" % op)
     check(h_res.dtype == h_dtype, op, "h_res dtype must be FLOAT32")
-    check(tuple(h_res.shape) == lead + (n, n), op, "h_res shape must be %s, got %s"
-          % (lead + (n, n), tuple(h_res.shape)))
+    check(tuple(h_res.shape) == lead + (n, n), op, "h_res shape must be %s, got %s", (lead + (n, n), tuple(h_res.shape)))
     return h_dtype
 
 
@@ -141,18 +139,18 @@ def npu_mhc_post_backward(grad_y, x, h_res, h_out, h_post):
 
 
 def _check_common(op, x, phi, alpha, gamma, inner_precise):
-    check(x.dim() in (3, 4), op, "x must be [B, S, n, D] or [T, n, D], got %d-D" % x.dim())
+    check(x.dim() in (3, 4), op, "x must be [B, S, n, D] or [T, n, D], got %d-D", x.dim())
     check(x.dtype in (torch.bfloat16, torch.float16, torch.float64), op,
-          "x dtype must be bfloat16 or float16, got %s" % x.dtype)
+          "x dtype must be bfloat16 or float16, got %s", x.dtype)
     n, d = x.shape[-2], x.shape[-1]
-    check(n in (4, 6, 8), op, "n must be 4, 6 or 8, got %d" % n)
-    check(d % 16 == 0 and 1 <= d <= 16384, op, "D must be a multiple of 16 in [16, 16384], got %d" % d)
+    check(n in (4, 6, 8), op, "n must be 4, 6 or 8, got %d", n)
+    check(d % 16 == 0 and 1 <= d <= 16384, op, "D must be a multiple of 16 in [16, 16384], got %d", d)
     fdt = torch.float64 if x.dtype == torch.float64 else torch.float32
     check(phi.dtype == fdt and tuple(phi.shape) == (n * n + 2 * n, n * d), op,
-          "phi must be float32 [n^2+2n=%d, nD=%d], got %s %s" % (n * n + 2 * n, n * d, phi.dtype, tuple(phi.shape)))
+          "phi must be float32 [n^2+2n=%d, nD=%d], got %s %s", (n * n + 2 * n, n * d, phi.dtype, tuple(phi.shape)))
     check(alpha.dtype == fdt and tuple(alpha.shape) == (3,), op, "alpha must be float32 [3]")
     if gamma is not None:
-        check(gamma.dtype == fdt and tuple(gamma.shape) == (n, d), op, "gamma must be float32 [n=%d, D=%d]" % (n, d))
+        check(gamma.dtype == fdt and tuple(gamma.shape) == (n, d), op, "gamma must be float32 [n=%d, D=%d]", (n, d))
     if inner_precise != 0:
         raise NotImplementedError("%s: inner_precise=%r is not emulated (only 0; its modes are not documented)"
                                   % (op, inner_precise))
@@ -164,7 +162,7 @@ def npu_mhc_pre(x, phi, alpha, bias, *, gamma=None, norm_eps=1e-6, hc_eps=1e-6, 
     op = "npu_mhc_pre"
     n, d, fdt = _check_common(op, x, phi, alpha, gamma, inner_precise)
     check(bias.dtype == fdt and tuple(bias.shape) == (n * n + 2 * n,), op, "bias must be float32 [n^2+2n]")
-    check(out_flag in (0, 1), op, "out_flag must be 0 or 1, got %s" % out_flag)
+    check(out_flag in (0, 1), op, "out_flag must be 0 or 1, got %s", out_flag)
     lead = tuple(x.shape[:-2])
     xf = x.to(fdt).reshape(lead + (n * d,))
     inv_rms = torch.rsqrt(xf.square().mean(-1) + norm_eps)
@@ -191,7 +189,7 @@ def npu_mhc_pre_backward(x, phi, alpha, grad_h_in, grad_h_post, grad_h_res, inv_
                            ("grad_h_res", grad_h_res, lead + (n, n)), ("inv_rms", inv_rms, lead),
                            ("h_mix", h_mix, lead + (n * n + 2 * n,)), ("h_pre", h_pre, lead + (n,)),
                            ("h_post", h_post, lead + (n,))):
-        check(tuple(t.shape) == shape, op, "%s must be %s, got %s" % (name, shape, tuple(t.shape)))
+        check(tuple(t.shape) == shape, op, "%s must be %s, got %s", (name, shape, tuple(t.shape)))
     xs = x.to(fdt)
     xf = xs.reshape(lead + (n * d,))
     g_in = grad_h_in.to(fdt)
@@ -245,15 +243,13 @@ def npu_mhc_sinkhorn_backward(grad_y, norm, sum):
     norm[0] is used as the softmax probabilities (the golden stores softmax(x) there; sum[0]
     is not read). Returns float32 (float64 stays float64) shaped like grad_y."""
     op = "npu_mhc_sinkhorn_backward"
-    check(grad_y.dim() in (3, 4), op, "grad_y must be [B, S, n, n] or [T, n, n], got %d-D" % grad_y.dim())
+    check(grad_y.dim() in (3, 4), op, "grad_y must be [B, S, n, n] or [T, n, n], got %d-D", grad_y.dim())
     n = grad_y.shape[-1]
     batch = tuple(grad_y.shape[:-2])
     check(grad_y.shape[-2] == n, op, "grad_y's last two dims must be n x n")
     check(norm.dim() == 3 + len(batch) and tuple(norm.shape[1:]) == (n, n) + batch and norm.shape[0] % 2 == 0
-          and norm.shape[0] >= 2, op, "norm must be [2*num_iters, n, n, %s], got %s"
-          % (", ".join(map(str, batch)), tuple(norm.shape)))
-    check(tuple(sum.shape) == (norm.shape[0], n) + batch, op, "sum must be %s, got %s"
-          % ((norm.shape[0], n) + batch, tuple(sum.shape)))
+          and norm.shape[0] >= 2, op, "norm must be [2*num_iters, n, n, %s], got %s", (", ".join(map(str, batch)), tuple(norm.shape)))
+    check(tuple(sum.shape) == (norm.shape[0], n) + batch, op, "sum must be %s, got %s", ((norm.shape[0], n) + batch, tuple(sum.shape)))
     cdt = torch.float64 if grad_y.dtype == torch.float64 else torch.float32
     lead = len(batch)
     # [2K, n, n, *batch] -> [2K, *batch, n, n];  [2K, n, *batch] -> [2K, *batch, n]

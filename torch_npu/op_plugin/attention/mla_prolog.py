@@ -97,8 +97,7 @@ def _dynamic_quant_per_token(c, smooth):
 
 
 def _check_shape(op, name, t, shape):
-    check(t is not None and tuple(t.shape) == tuple(shape), op, "%s must have shape %s, got %s"
-          % (name, tuple(shape), None if t is None else tuple(t.shape)))
+    check(t is not None and tuple(t.shape) == tuple(shape), op, "%s must have shape %s, got %s", (name, tuple(shape), None if t is None else tuple(t.shape)))
 
 
 def _write_cache(op, name, cache, rows, slots, cache_mode):
@@ -106,14 +105,14 @@ def _write_cache(op, name, cache, rows, slots, cache_mode):
     nb, bs, nkv, h = cache.shape
     if rows.shape[0] == 0 or nb * bs == 0:
         return  # documented: empty inputs or an empty cache leave the caches untouched
-    check(cache.is_contiguous(), op, "%s must be contiguous" % name)
+    check(cache.is_contiguous(), op, "%s must be contiguous", name)
     if cache_mode == "PA_BSND":
         flat = cache.view(nb * bs, nkv, h)
         flat[slots] = rows.unsqueeze(1).expand(-1, nkv, -1)
         return
     c0 = _NZ_PIECE_BYTES // cache.element_size()
-    check(h % c0 == 0, op, "PA_NZ: the last dim of %s (%d) must be a multiple of %d (32 bytes)" % (name, h, c0))
-    check(nkv == 1, op, "PA_NZ: Nkv must be 1, got %d" % nkv)
+    check(h % c0 == 0, op, "PA_NZ: the last dim of %s (%d) must be a multiple of %d (32 bytes)", (name, h, c0))
+    check(nkv == 1, op, "PA_NZ: Nkv must be 1, got %d", nkv)
     nz = cache.view(nb, h // c0, bs, c0)
     nz[slots // bs, :, slots % bs, :] = rows.reshape(rows.shape[0], h // c0, c0)
 
@@ -125,19 +124,17 @@ def _mla_prolog(op, v2, token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_
                 qc_qr_scale=1.0, kc_scale=1.0):
     """The shared pipeline; returns (query, query_rope, c^Q as fed to the W^UQ_QR matmul [T, Hcq])."""
     # --- shapes -------------------------------------------------------------------------------
-    check(token_x.dim() in (2, 3), op, "token_x dim num should be 2 or 3, but the actual value is %d" % token_x.dim())
-    check(weight_uk.dim() == 3, op, "weight_uk dim num should be 3, but the actual value is %d" % weight_uk.dim())
-    check(rope_sin.dim() in (2, 3), op, "rope_sin dim num should be 2 or 3, but the actual value is %d"
-          % rope_sin.dim())
-    check(cache_mode in cache_modes, op, "cache_mode must be one of %s, got %r" % (cache_modes, cache_mode))
+    check(token_x.dim() in (2, 3), op, "token_x dim num should be 2 or 3, but the actual value is %d", token_x.dim())
+    check(weight_uk.dim() == 3, op, "weight_uk dim num should be 3, but the actual value is %d", weight_uk.dim())
+    check(rope_sin.dim() in (2, 3), op, "rope_sin dim num should be 2 or 3, but the actual value is %d", rope_sin.dim())
+    check(cache_mode in cache_modes, op, "cache_mode must be one of %s, got %r", (cache_modes, cache_mode))
     paged = cache_mode.startswith("PA_")
     lead = tuple(token_x.shape[:-1])
     he = token_x.shape[-1]
     n, d, hckv = weight_uk.shape
     dr = rope_sin.shape[-1]
-    check(dr % 2 == 0, op, "the rope dim Dr must be even, got %d" % dr)
-    check(weight_dq.dim() == 2 and weight_dq.shape[0] == he, op, "weight_dq must be (He=%d, Hcq), got %s"
-          % (he, tuple(weight_dq.shape)))
+    check(dr % 2 == 0, op, "the rope dim Dr must be even, got %d", dr)
+    check(weight_dq.dim() == 2 and weight_dq.shape[0] == he, op, "weight_dq must be (He=%d, Hcq), got %s", (he, tuple(weight_dq.shape)))
     hcq = weight_dq.shape[1]
     _check_shape(op, "weight_uq_qr", weight_uq_qr, (hcq, n * (d + dr)))
     _check_shape(op, "weight_dkv_kr", weight_dkv_kr, (he, hckv + dr))
@@ -147,16 +144,14 @@ def _mla_prolog(op, v2, token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_
     _check_shape(op, "rope_cos", rope_cos, lead + (dr,))
     if paged:
         _check_shape(op, "cache_index", cache_index, lead)
-        check(cache_index.dtype == torch.int64, op, "cache_index must be int64, got %s" % cache_index.dtype)
+        check(cache_index.dtype == torch.int64, op, "cache_index must be int64, got %s", cache_index.dtype)
         check(kv_cache.dim() == 4 and kv_cache.shape[-1] == hckv, op,
-              "kv_cache must be (BlockNum, BlockSize, Nkv, Hckv=%d), got %s" % (hckv, tuple(kv_cache.shape)))
+              "kv_cache must be (BlockNum, BlockSize, Nkv, Hckv=%d), got %s", (hckv, tuple(kv_cache.shape)))
         _check_shape(op, "kr_cache", kr_cache, tuple(kv_cache.shape[:3]) + (dr,))
     else:  # BSND / TND: one cache row per token, in token order
-        check((cache_mode == "BSND") == (len(lead) == 2), op, "cache_mode %s needs token_x %s" %
-              (cache_mode, "(B, S, He)" if cache_mode == "BSND" else "(T, He)"))
+        check((cache_mode == "BSND") == (len(lead) == 2), op, "cache_mode %s needs token_x %s", (cache_mode, "(B, S, He)" if cache_mode == "BSND" else "(T, He)"))
         check(kv_cache.dim() == len(lead) + 2 and tuple(kv_cache.shape[:len(lead)]) == lead
-              and kv_cache.shape[-1] == hckv, op, "kv_cache must be %s + (Nkv, Hckv=%d), got %s"
-              % (lead, hckv, tuple(kv_cache.shape)))
+              and kv_cache.shape[-1] == hckv, op, "kv_cache must be %s + (Nkv, Hckv=%d), got %s", (lead, hckv, tuple(kv_cache.shape)))
         _check_shape(op, "kr_cache", kr_cache, tuple(kv_cache.shape[:-1]) + (dr,))
 
     # --- scenario -----------------------------------------------------------------------------
@@ -168,35 +163,32 @@ def _mla_prolog(op, v2, token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_
         unsupported(op, "int8 kv_cache/kr_cache (kv-cache quantisation with quant_scale_ckv/quant_scale_ckr)")
     check(kv_cache.dtype in _FLOATS and kr_cache.dtype in _FLOATS, op, "kv_cache/kr_cache must be bfloat16 or int8")
     for name, value in (("quant_scale_ckv", quant_scale_ckv), ("quant_scale_ckr", quant_scale_ckr)):
-        check(value is None, op, "%s must be None when kv_cache/kr_cache are not int8" % name)
+        check(value is None, op, "%s must be None when kv_cache/kr_cache are not int8", name)
     if full_quant:
         check(weight_dq.dtype == torch.int8 and weight_uq_qr.dtype == torch.int8 and weight_dkv_kr.dtype == torch.int8,
               op, "full quant (int8 token_x) needs int8 weight_dq, weight_uq_qr and weight_dkv_kr")
         tokens = math.prod(lead)
         check(dequant_scale_x is not None and tuple(dequant_scale_x.shape) in ((tokens, 1), (tokens,)), op,
-              "dequant_scale_x must have shape (%d, 1), got %s"
-              % (tokens, None if dequant_scale_x is None else tuple(dequant_scale_x.shape)))
+              "dequant_scale_x must have shape (%d, 1), got %s", (tokens, None if dequant_scale_x is None else tuple(dequant_scale_x.shape)))
         _check_shape(op, "dequant_scale_w_dq", dequant_scale_w_dq, (1, hcq))
         _check_shape(op, "dequant_scale_w_dkv_kr", dequant_scale_w_dkv_kr, (1, hckv + dr))
     else:
         reserved = "reserved in npu_mla_prolog" if not v2 else "only used with int8 token_x (full quant)"
         for name, value in (("dequant_scale_x", dequant_scale_x), ("dequant_scale_w_dq", dequant_scale_w_dq),
                             ("dequant_scale_w_dkv_kr", dequant_scale_w_dkv_kr)):
-            check(value is None, op, "%s must be None (%s)" % (name, reserved))
-        check(token_x.dtype in _FLOATS, op, "token_x must be bfloat16 (or int8 in v2), got %s" % token_x.dtype)
+            check(value is None, op, "%s must be None (%s)", (name, reserved))
+        check(token_x.dtype in _FLOATS, op, "token_x must be bfloat16 (or int8 in v2), got %s", token_x.dtype)
         check(weight_dq.dtype == token_x.dtype and weight_dkv_kr.dtype == token_x.dtype, op,
-              "weight_dq and weight_dkv_kr must have token_x's dtype %s, got %s and %s"
-              % (token_x.dtype, weight_dq.dtype, weight_dkv_kr.dtype))
+              "weight_dq and weight_dkv_kr must have token_x's dtype %s, got %s and %s", (token_x.dtype, weight_dq.dtype, weight_dkv_kr.dtype))
     if full_quant or partial_quant:
         _check_shape(op, "dequant_scale_w_uq_qr", dequant_scale_w_uq_qr, (1, n * (d + dr)))
         if smooth_scales_cq is not None:
             _check_shape(op, "smooth_scales_cq", smooth_scales_cq, (1, hcq))
     else:
-        check(weight_uq_qr.dtype == token_x.dtype, op, "weight_uq_qr must be %s or int8, got %s"
-              % (token_x.dtype, weight_uq_qr.dtype))
+        check(weight_uq_qr.dtype == token_x.dtype, op, "weight_uq_qr must be %s or int8, got %s", (token_x.dtype, weight_uq_qr.dtype))
         for name, value in (("dequant_scale_w_uq_qr", dequant_scale_w_uq_qr), ("smooth_scales_cq", smooth_scales_cq)):
-            check(value is None, op, "%s must be None when weight_uq_qr is not int8 (non-quant scenario)" % name)
-    check(weight_uk.dtype in _FLOATS, op, "weight_uk must be bfloat16, got %s" % weight_uk.dtype)
+            check(value is None, op, "%s must be None when weight_uq_qr is not int8 (non-quant scenario)", name)
+    check(weight_uk.dtype in _FLOATS, op, "weight_uk must be bfloat16, got %s", weight_uk.dtype)
 
     # --- compute ------------------------------------------------------------------------------
     out_dtype = rope_sin.dtype
@@ -209,8 +201,7 @@ def _mla_prolog(op, v2, token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_
     if paged and t and kv_cache.shape[0] * kv_cache.shape[1] and not symbolic(cache_index):
         lo, hi = int(slots.min()), int(slots.max())  # host read: a bad slot would corrupt memory on hardware
         cap = kv_cache.shape[0] * kv_cache.shape[1]
-        check(0 <= lo and hi < cap, op, "cache_index values must lie in [0, BlockNum*BlockSize) = [0, %d), got [%d, %d]"
-              % (cap, lo, hi + 1))
+        check(0 <= lo and hi < cap, op, "cache_index values must lie in [0, BlockNum*BlockSize) = [0, %d), got [%d, %d]", (cap, lo, hi + 1))
     elif paged and t and kv_cache.shape[0] * kv_cache.shape[1]:
         # tracing (torch.compile): the same bound, checked by the compiled graph at run time
         # (indexing alone would accept negative slots, counting from the end of the cache)
@@ -307,15 +298,14 @@ def _mla_prolog_v3(op, token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_k
     for name, value in zip(_V3_DTYPE_ARGS, dtype_args):
         if value is not None:
             unsupported(op, "%s=%r (low-bit dtypes beyond the documented int8/bfloat16)" % (name, value))
-    check(weight_quant_mode in (0, 1, 2, 3), op, "weight_quant_mode must be 0, 1, 2 or 3, got %r" % weight_quant_mode)
+    check(weight_quant_mode in (0, 1, 2, 3), op, "weight_quant_mode must be 0, 1, 2 or 3, got %r", weight_quant_mode)
     if weight_quant_mode == 3:
         unsupported(op, "weight_quant_mode=3 (per-tile kv_cache quantisation)")
     want = {0: (False, False), 1: (False, True), 2: (True, True)}[weight_quant_mode]
     got = (token_x.dtype == torch.int8, weight_uq_qr.dtype == torch.int8)
     if weight_quant_mode == 2 and not got[0]:
         unsupported(op, "weight_quant_mode=2 with bfloat16 token_x (per-channel kv_cache quantisation)")
-    check(got == want, op, "weight_quant_mode=%d needs int8 %s, got token_x %s and weight_uq_qr %s"
-          % (weight_quant_mode, {0: "nothing", 1: "weight_uq_qr", 2: "token_x and weights"}[weight_quant_mode],
+    check(got == want, op, "weight_quant_mode=%d needs int8 %s, got token_x %s and weight_uq_qr %s", (weight_quant_mode, {0: "nothing", 1: "weight_uq_qr", 2: "token_x and weights"}[weight_quant_mode],
              token_x.dtype, weight_uq_qr.dtype))
     if query_norm_flag and weight_quant_mode != 0:
         unsupported(op, "query_norm_flag=True with weight_quant_mode=%d (quantised query_norm)" % weight_quant_mode)
@@ -323,7 +313,7 @@ def _mla_prolog_v3(op, token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_k
         unsupported(op, "query_norm_flag=True with qc_qr_scale != 1 (whether query_norm carries the scale "
                           "is not documented)")
     if cache_index is None:
-        check(cache_mode in ("BSND", "TND"), op, "cache_index is required with cache_mode %r" % cache_mode)
+        check(cache_mode in ("BSND", "TND"), op, "cache_index is required with cache_mode %r", cache_mode)
         cache_index = token_x.new_zeros(token_x.shape[:-1], dtype=torch.int64)  # placeholder, unused
     query, query_rope, c_q = _mla_prolog(
         op, True, token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr, rmsnorm_gamma_cq, rmsnorm_gamma_ckv,

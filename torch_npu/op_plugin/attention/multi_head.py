@@ -56,11 +56,10 @@ def npu_multi_head_attention(query, key, value, query_weight, key_weight, value_
         unsupported(op, "dropout_prob=%r (must be in [0, 1))" % (dropout_prob,))
     e = attn_head_num * attn_dim_per_head
     check(query.dim() == 2 and query.size(1) == e and query.size(0) % tgt_len == 0, op,
-          "query must be (B*tgt_len, %d), got %s" % (e, tuple(query.shape)))
+          "query must be (B*tgt_len, %d), got %s", (e, tuple(query.shape)))
     batch = query.size(0) // tgt_len
     for name, t in (("key", key), ("value", value)):
-        check(tuple(t.shape) == (batch * src_len, e), op, "%s must be (%d, %d), got %s"
-              % (name, batch * src_len, e, tuple(t.shape)))
+        check(tuple(t.shape) == (batch * src_len, e), op, "%s must be (%d, %d), got %s", (name, batch * src_len, e, tuple(t.shape)))
     dt = query.dtype
 
     def heads(x, length):
@@ -93,10 +92,10 @@ def npu_multi_head_attention_backward(query, key, value, query_weight, key_weigh
           "tgt_len, src_len, attn_head_num, attn_dim_per_head should not equal zero.")
     check(all(x % 16 == 0 for x in (tgt_len, src_len, attn_head_num, attn_dim_per_head)), op,
           "tgt_len, src_len, attn_head_num, attn_dim_per_head should align to 16.")
-    check(0.0 <= dropout_prob < 1.0, op, "dropout_prob must be in [0, 1), got %r" % (dropout_prob,))
+    check(0.0 <= dropout_prob < 1.0, op, "dropout_prob must be in [0, 1), got %r", (dropout_prob,))
     e = attn_head_num * attn_dim_per_head
     check(query.dim() == 2 and query.shape[1] == e and query.shape[0] % tgt_len == 0, op,
-          "query must be (B*tgt_len, %d), got %s" % (e, tuple(query.shape)))
+          "query must be (B*tgt_len, %d), got %s", (e, tuple(query.shape)))
     batch = query.shape[0] // tgt_len
     heads_t = (batch, attn_head_num, tgt_len, attn_dim_per_head)
     heads_s = (batch, attn_head_num, src_len, attn_dim_per_head)
@@ -106,7 +105,7 @@ def npu_multi_head_attention_backward(query, key, value, query_weight, key_weigh
                            ("attn_scores", attn_scores, (batch, attn_head_num, tgt_len, src_len)),
                            ("attn_res", attn_res, (batch, attn_head_num, tgt_len, src_len)),
                            ("context", context, (batch * tgt_len, e)), ("y_grad", y_grad, (batch * tgt_len, e))):
-        check(tuple(t.shape) == shape, op, "%s must be %s, got %s" % (name, shape, tuple(t.shape)))
+        check(tuple(t.shape) == shape, op, "%s must be %s, got %s", (name, shape, tuple(t.shape)))
     g = acc(y_grad)
     d_context = g @ acc(out_proj_weight)
     d_wout = g.transpose(0, 1) @ acc(context)

@@ -48,8 +48,7 @@ def _nsa_windows(op, total, block, stride, actual_seq_len):
     """Start row of every compression window, from the cumulative lengths (host ints)."""
     check(actual_seq_len is not None and len(actual_seq_len) > 0, op, "actual_seq_len is required")
     check(block > 0 and stride > 0, op, "compress_block_size and compress_stride must be positive")
-    check(int(actual_seq_len[-1]) == total, op, "actual_seq_len[-1] (%d) must equal input.shape[0] (%d)"
-          % (int(actual_seq_len[-1]), total))
+    check(int(actual_seq_len[-1]) == total, op, "actual_seq_len[-1] (%d) must equal input.shape[0] (%d)", (int(actual_seq_len[-1]), total))
     starts, prev = [], 0
     for end in actual_seq_len:
         end = int(end)
@@ -62,19 +61,19 @@ def _nsa_windows(op, total, block, stride, actual_seq_len):
 
 
 def _nsa_check(op, input, weight, block, stride):
-    check(input.dim() == 3, op, "input must be 3-D [T, N, D], got %d-D" % input.dim())
+    check(input.dim() == 3, op, "input must be 3-D [T, N, D], got %d-D", input.dim())
     check(input.dtype in (torch.float16, torch.bfloat16, torch.float64), op,
-          "input dtype must be float16 or bfloat16, got %s" % input.dtype)
-    check(weight.dtype == input.dtype, op, "weight dtype %s must equal input dtype %s" % (weight.dtype, input.dtype))
+          "input dtype must be float16 or bfloat16, got %s", input.dtype)
+    check(weight.dtype == input.dtype, op, "weight dtype %s must equal input dtype %s", (weight.dtype, input.dtype))
     check(weight.dim() == 2 and tuple(weight.shape) == (block, input.shape[1]), op,
-          "weight must be [compress_block_size=%d, N=%d], got %s" % (block, input.shape[1], tuple(weight.shape)))
-    check(input.shape[1] <= 128, op, "N must be <= 128, got %d" % input.shape[1])
+          "weight must be [compress_block_size=%d, N=%d], got %s", (block, input.shape[1], tuple(weight.shape)))
+    check(input.shape[1] <= 128, op, "N must be <= 128, got %d", input.shape[1])
     check(input.shape[2] % 16 == 0 and input.shape[2] <= 256, op,
-          "D must be a multiple of 16 and <= 256, got %d" % input.shape[2])
+          "D must be a multiple of 16 and <= 256, got %d", input.shape[2])
     check(block % 16 == 0 and block <= 128, op,
-          "compress_block_size must be a multiple of 16 and <= 128, got %d" % block)
+          "compress_block_size must be a multiple of 16 and <= 128, got %d", block)
     check(stride % 16 == 0 and 0 < stride <= block, op,
-          "compress_stride must be a multiple of 16 and <= compress_block_size, got %d" % stride)
+          "compress_stride must be a multiple of 16 and <= compress_block_size, got %d", stride)
 
 
 def _window_index(starts, block, device):
@@ -100,8 +99,7 @@ def npu_nsa_compress_grad(grad, input, weight, compress_block_size, compress_str
     _nsa_check(op, input, weight, compress_block_size, compress_stride)
     starts = _nsa_windows(op, input.shape[0], compress_block_size, compress_stride, actual_seq_len)
     r = len(starts)
-    check(tuple(grad.shape) == (r, input.shape[1], input.shape[2]), op, "grad must be [%d, %d, %d], got %s"
-          % (r, input.shape[1], input.shape[2], tuple(grad.shape)))
+    check(tuple(grad.shape) == (r, input.shape[1], input.shape[2]), op, "grad must be [%d, %d, %d], got %s", (r, input.shape[1], input.shape[2], tuple(grad.shape)))
     idx = _window_index(starts, compress_block_size, input.device)
     g = acc(grad)
     weight_grad = torch.einsum("rlnd,rnd->ln", acc(input)[idx], g)
@@ -120,17 +118,15 @@ def npu_nsa_compress_infer_cache(input, weight, slot_mapping, compress_block_siz
     cache[slot_mapping[b]]. Other batches leave the cache alone. Returns ``cache``."""
     op = "npu_nsa_compress_infer"
     check(input.dim() == 4 and input.shape[1] == page_block_size, op,
-          "input must be the paged KV [block_num, page_block_size=%d, N, D], got %s"
-          % (page_block_size, tuple(input.shape)))
+          "input must be the paged KV [block_num, page_block_size=%d, N, D], got %s", (page_block_size, tuple(input.shape)))
     n, d = input.shape[2], input.shape[3]
     block = compress_block_size
-    check(weight.dim() == 2 and tuple(weight.shape) == (block, n), op, "weight must be [compress_block_size=%d, N=%d]"
-          % (block, n))
+    check(weight.dim() == 2 and tuple(weight.shape) == (block, n), op, "weight must be [compress_block_size=%d, N=%d]", (block, n))
     check(block > 0 and compress_stride > 0, op, "compress_block_size and compress_stride must be positive")
     check(block_table is not None and block_table.dim() == 2, op, "block_table [B, max_blocks] is required")
     check(actual_seq_len is not None and len(actual_seq_len) == slot_mapping.shape[0] == block_table.shape[0], op,
           "actual_seq_len, slot_mapping and block_table must have one entry per batch")
-    check(cache.dim() == 3 and tuple(cache.shape[1:]) == (n, d), op, "cache must be [slots, N=%d, D=%d]" % (n, d))
+    check(cache.dim() == 3 and tuple(cache.shape[1:]) == (n, d), op, "cache must be [slots, N=%d, D=%d]", (n, d))
     done = [b for b, s in enumerate(actual_seq_len) if int(s) >= block and (int(s) - block) % compress_stride == 0]
     if not done:
         return cache
@@ -158,22 +154,20 @@ def _nsa_select_rows(op, query, key, value, topk_indices, head_num, block, count
     check(query.dim() == 3 and key.dim() == 3 and value.dim() == 3, op, "query, key and value must be TND (3-D)")
     check(query.dtype == key.dtype == value.dtype, op, "query, key and value dtypes must match")
     check(query.dtype in (torch.float16, torch.bfloat16, torch.float64), op,
-          "dtype must be float16 or bfloat16, got %s" % query.dtype)
+          "dtype must be float16 or bfloat16, got %s", query.dtype)
     t1, n1, d1 = query.shape
     t2, n2, d2 = value.shape
-    check(n1 == head_num, op, "query N (%d) must equal head_num (%d)" % (n1, head_num))
-    check(tuple(key.shape) == (t2, n2, d1), op, "key must be [T2=%d, N2=%d, D1=%d], got %s"
-          % (t2, n2, d1, tuple(key.shape)))
-    check(n1 % n2 == 0, op, "query heads (%d) must be a multiple of key heads (%d)" % (n1, n2))
-    check(d1 >= d2, op, "query/key D (%d) must be >= value D (%d)" % (d1, d2))
+    check(n1 == head_num, op, "query N (%d) must equal head_num (%d)", (n1, head_num))
+    check(tuple(key.shape) == (t2, n2, d1), op, "key must be [T2=%d, N2=%d, D1=%d], got %s", (t2, n2, d1, tuple(key.shape)))
+    check(n1 % n2 == 0, op, "query heads (%d) must be a multiple of key heads (%d)", (n1, n2))
+    check(d1 >= d2, op, "query/key D (%d) must be >= value D (%d)", (d1, d2))
     check(topk_indices.dtype == torch.int32 and tuple(topk_indices.shape) == (t1, n2, count), op,
-          "topk_indices must be int32 [T1=%d, N2=%d, select_block_count=%d], got %s %s"
-          % (t1, n2, count, topk_indices.dtype, tuple(topk_indices.shape)))
+          "topk_indices must be int32 [T1=%d, N2=%d, select_block_count=%d], got %s %s", (t1, n2, count, topk_indices.dtype, tuple(topk_indices.shape)))
     check(actual_seq_qlen is not None and actual_seq_kvlen is not None, op,
           "actual_seq_qlen and actual_seq_kvlen are required")
     check(len(actual_seq_qlen) == len(actual_seq_kvlen), op, "actual_seq_qlen and actual_seq_kvlen lengths differ")
     check(int(actual_seq_qlen[-1]) == t1 and int(actual_seq_kvlen[-1]) == t2, op,
-          "the last cumulative lengths must equal T1 (%d) and T2 (%d)" % (t1, t2))
+          "the last cumulative lengths must equal T1 (%d) and T2 (%d)", (t1, t2))
     starts, prev_q, prev_kv = [], 0, 0
     for end_q, end_kv in zip(actual_seq_qlen, actual_seq_kvlen):
         end_q, end_kv = int(end_q), int(end_kv)
@@ -230,9 +224,9 @@ def npu_nsa_select_attention_grad(grad, query, key, value, attention_out, softma
     t2, n2, d2 = value.shape
     g_heads = n1 // n2
     check(tuple(grad.shape) == (t1, n1, d2) and tuple(attention_out.shape) == (t1, n1, d2), op,
-          "grad / attention_out must be [T1=%d, N1=%d, D2=%d]" % (t1, n1, d2))
+          "grad / attention_out must be [T1=%d, N1=%d, D2=%d]", (t1, n1, d2))
     check(tuple(softmax_max.shape) == (t1, n1, 8) and tuple(softmax_sum.shape) == (t1, n1, 8), op,
-          "softmax_max / softmax_sum must be [T1=%d, N1=%d, 8]" % (t1, n1))
+          "softmax_max / softmax_sum must be [T1=%d, N1=%d, 8]", (t1, n1))
     k_sel, v_sel = _nsa_gather(acc(key), rows), _nsa_gather(acc(value), rows)
     q = acc(query).view(t1, n2, g_heads, d1)
     s = torch.einsum("tngd,tnld->tngl", q, k_sel) * scale_value
@@ -285,15 +279,15 @@ def npu_nsa_compress_attention(query, key, value, scale_value, head_num, compres
     check(query.dim() == 3 and key.dim() == 3 and value.dim() == 3, op, "query, key and value must be TND (3-D)")
     check(query.dtype == key.dtype == value.dtype, op, "query, key and value dtypes must match")
     check(query.dtype in (torch.float16, torch.bfloat16, torch.float64), op,
-          "dtype must be float16 or bfloat16, got %s" % query.dtype)
+          "dtype must be float16 or bfloat16, got %s", query.dtype)
     t1, n1, d1 = query.shape
     t2, n2, d2 = value.shape
     check(n1 == head_num and n1 % n2 == 0, op, "query heads (%d) must equal head_num (%d) and be a multiple of key "
-          "heads (%d)" % (n1, head_num, n2))
+          "heads (%d)", (n1, head_num, n2))
     check(tuple(key.shape) == (t2, n2, d1) and d1 >= d2, op, "key must be [T2, N2, D1] with D1 >= value D")
     for name, size in (("compress_block_size", compress_block_size), ("compress_stride", compress_stride),
                        ("select_block_size", select_block_size)):
-        check(size > 0 and size % 16 == 0, op, "%s must be a positive multiple of 16, got %d" % (name, size))
+        check(size > 0 and size % 16 == 0, op, "%s must be a positive multiple of 16, got %d", (name, size))
     check(compress_block_size >= compress_stride, op, "compress_block_size must be >= compress_stride")
     check(select_block_size % compress_stride == 0 and compress_block_size % compress_stride == 0, op,
           "select_block_size and compress_block_size must be multiples of compress_stride")
@@ -301,7 +295,7 @@ def npu_nsa_compress_attention(query, key, value, scale_value, head_num, compres
     check(all(x is not None for x in lists) and len(set(len(x) for x in lists)) == 1, op,
           "actual_seq_qlen, actual_cmp_seq_kvlen and actual_sel_seq_kvlen are required, one entry per batch")
     check(int(actual_seq_qlen[-1]) == t1 and int(actual_cmp_seq_kvlen[-1]) == t2, op,
-          "the last cumulative lengths must equal T1 (%d) and T2 (%d)" % (t1, t2))
+          "the last cumulative lengths must equal T1 (%d) and T2 (%d)", (t1, t2))
     grp = n1 // n2
     m, n = select_block_size // compress_stride, compress_block_size // compress_stride
     cdt = torch.float64 if query.dtype == torch.float64 else torch.float32
@@ -346,7 +340,7 @@ def _paged_value_dim(op, value, kv_heads):
     if value.dim() == 4:
         return value.shape[3]
     check(kv_heads > 0 and value.shape[2] % kv_heads == 0, op, "value H (%d) must be a multiple of "
-          "key_value_head_num (%d)" % (value.shape[2], kv_heads))
+          "key_value_head_num (%d)", (value.shape[2], kv_heads))
     return value.shape[2] // kv_heads
 
 
@@ -359,8 +353,8 @@ def npu_nsa_compress_attention_infer_meta(query, key, value, scale_value, head_n
     """(attention_out [T, N, Dv] in query's dtype, topk_indices [T, N_kv, select_block_count] int32)
     for a TND query (S = 1 per batch) over paged (block_num, block_size, H) caches."""
     op = "npu_nsa_compress_attention_infer"
-    check(query.dim() == 3, op, "query must be TND (3-D), got %d-D" % query.dim())
-    check(query.shape[1] == head_num, op, "query N (%d) must equal head_num (%d)" % (query.shape[1], head_num))
+    check(query.dim() == 3, op, "query must be TND (3-D), got %d-D", query.dim())
+    check(query.shape[1] == head_num, op, "query N (%d) must equal head_num (%d)", (query.shape[1], head_num))
     check(key_value_head_num > 0 and head_num % key_value_head_num == 0, op,
           "head_num must be a multiple of key_value_head_num")
     dv = _paged_value_dim(op, value, key_value_head_num)
@@ -377,8 +371,8 @@ def npu_nsa_select_attention_infer_meta(query, key, value, topk_indices, scale_v
     (documented layouts) and TND [T, N, Dv] (the op-plugin test's layout)."""
     op = "npu_nsa_select_attention_infer"
     ranks = {"BSND": 4, "BSH": 3, "TND": 3}
-    check(layout in ranks, op, "layout must be BSND, BSH or TND, got %r" % (layout,))
-    check(query.dim() == ranks[layout], op, "query must be %d-D for layout %s" % (ranks[layout], layout))
+    check(layout in ranks, op, "layout must be BSND, BSH or TND, got %r", (layout,))
+    check(query.dim() == ranks[layout], op, "query must be %d-D for layout %s", (ranks[layout], layout))
     dv = _paged_value_dim(op, value, key_value_head_num)
     if layout == "BSND":
         return query.new_empty(tuple(query.shape[:3]) + (dv,))

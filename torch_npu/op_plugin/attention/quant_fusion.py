@@ -20,9 +20,9 @@ def npu_quant_fusion_attention_meta(query, key, value, head_num, input_layout, *
     has no out_dtype, so the output is float16)."""
     op = "npu_quant_fusion_attention"
     dims = {"BSH": (0, 1, 3), "SBH": (1, 0, 3), "BSND": (0, 1, 4), "BNSD": (0, 2, 4)}
-    check(input_layout in dims, op, "input_layout must be BSH, SBH, BSND or BNSD, got %r" % (input_layout,))
+    check(input_layout in dims, op, "input_layout must be BSH, SBH, BSND or BNSD, got %r", (input_layout,))
     b, s, rank = dims[input_layout]
-    check(query.dim() == rank, op, "query must be %d-D for %s, got %d-D" % (rank, input_layout, query.dim()))
+    check(query.dim() == rank, op, "query must be %d-D for %s, got %d-D", (rank, input_layout, query.dim()))
     stat = query.new_empty((query.shape[b], head_num, query.shape[s], 8), dtype=torch.float32)
     return (query.new_empty(tuple(query.shape), dtype=torch.float16), stat, torch.empty_like(stat),
             query.new_empty([0], dtype=torch.float16), 0, 0, 0)

@@ -75,21 +75,18 @@ def npu_quant_lightning_indexer(query, key, weights, query_dequant_scale, key_de
     _only(op, "key_quant_mode", key_quant_mode, (0,), "only 0, Per-Token-Head, is documented")
     _dtype_override(op, "query_dtype", query_dtype)
     _dtype_override(op, "key_dtype", key_dtype)
-    check(query.dtype in _INDEXER_DTYPES, op, "query must be int8 or float8_e4m3fn, got %s" % query.dtype)
-    check(key.dtype == query.dtype, op, "key dtype %s differs from the query's %s" % (key.dtype, query.dtype))
+    check(query.dtype in _INDEXER_DTYPES, op, "query must be int8 or float8_e4m3fn, got %s", query.dtype)
+    check(key.dtype == query.dtype, op, "key dtype %s differs from the query's %s", (key.dtype, query.dtype))
     combo = (weights.dtype, query_dequant_scale.dtype, key_dequant_scale.dtype)
     check(combo in _INDEXER_DTYPES[query.dtype], op,
-          "with %s query/key, (weights, query_dequant_scale, key_dequant_scale) must be one of %s, got %s"
-          % (query.dtype, _INDEXER_DTYPES[query.dtype], combo))
+          "with %s query/key, (weights, query_dequant_scale, key_dequant_scale) must be one of %s, got %s", (query.dtype, _INDEXER_DTYPES[query.dtype], combo))
     check(tuple(query_dequant_scale.shape) == tuple(query.shape[:-1]), op,
-          "query_dequant_scale shape %s must be the query's without D %s"
-          % (tuple(query_dequant_scale.shape), tuple(query.shape[:-1])))
+          "query_dequant_scale shape %s must be the query's without D %s", (tuple(query_dequant_scale.shape), tuple(query.shape[:-1])))
     check(tuple(key_dequant_scale.shape) == tuple(key.shape[:-1]), op,
-          "key_dequant_scale shape %s must be the key's without D %s"
-          % (tuple(key_dequant_scale.shape), tuple(key.shape[:-1])))
-    check(1 <= sparse_count <= 2048, op, "sparse_count must be in [1, 2048], got %d" % sparse_count)
+          "key_dequant_scale shape %s must be the key's without D %s", (tuple(key_dequant_scale.shape), tuple(key.shape[:-1])))
+    check(1 <= sparse_count <= 2048, op, "sparse_count must be in [1, 2048], got %d", sparse_count)
     check(layout_key == "PA_BSND" or layout_key == layout_query, op,
-          "without PageAttention layout_key (%s) must equal layout_query (%s)" % (layout_key, layout_query))
+          "without PageAttention layout_key (%s) must equal layout_query (%s)", (layout_key, layout_query))
     # through the dispatcher: the indexer is an opaque op, one node under torch.compile
     indices, _ = torch.ops.npu.npu_lightning_indexer(
         _dequant_rows(query, query_dequant_scale), _dequant_rows(key, key_dequant_scale), weights,
@@ -105,8 +102,7 @@ def _split_combined_key(op, key, query_dtype, dn, rope_dim, tile):
     rope_bytes = rope_dim * (torch.finfo(query_dtype).bits // 8)
     tiles = dn // tile
     expect = dn + rope_bytes + 4 * tiles
-    check(key.shape[-1] == expect, op, "key D must be dn + rope bytes + scale bytes = %d + %d + %d = %d, got %d"
-          % (dn, rope_bytes, 4 * tiles, expect, key.shape[-1]))
+    check(key.shape[-1] == expect, op, "key D must be dn + rope bytes + scale bytes = %d + %d + %d = %d, got %d", (dn, rope_bytes, 4 * tiles, expect, key.shape[-1]))
     k_rope = key[..., dn:dn + rope_bytes].view(query_dtype)
     scale = key[..., dn + rope_bytes:].view(torch.float32)  # [..., tiles]
     k_nope = (key[..., :dn].to(torch.float32) * scale.repeat_interleave(tile, dim=-1)).to(query_dtype)
@@ -133,27 +129,25 @@ def npu_kv_quant_sparse_flash_attention(query, key, value, sparse_indices, scale
         unsupported(op, "value_dequant_scale (reserved; only None is documented)")
     _dtype_override(op, "key_dtype", key_dtype)
     _dtype_override(op, "value_dtype", value_dtype)
-    check(tile_size == 128, op, "tile_size only supports 128, got %d" % tile_size)
-    check(rope_head_dim == 64, op, "rope_head_dim only supports 64, got %d" % rope_head_dim)
-    check(query.dtype in (torch.float16, torch.bfloat16), op, "query must be float16 or bfloat16, got %s" % query.dtype)
+    check(tile_size == 128, op, "tile_size only supports 128, got %d", tile_size)
+    check(rope_head_dim == 64, op, "rope_head_dim only supports 64, got %d", rope_head_dim)
+    check(query.dtype in (torch.float16, torch.bfloat16), op, "query must be float16 or bfloat16, got %s", query.dtype)
     check(key.dtype == torch.int8 and value.dtype == torch.int8, op,
-          "key and value must be int8, got %s and %s" % (key.dtype, value.dtype))
+          "key and value must be int8, got %s and %s", (key.dtype, value.dtype))
     check(value.dim() == key.dim() and tuple(value.shape[:-1]) == tuple(key.shape[:-1]), op,
-          "value must have the key's shape except D, got %s and %s" % (tuple(value.shape), tuple(key.shape)))
+          "value must have the key's shape except D, got %s and %s", (tuple(value.shape), tuple(key.shape)))
     dn = query.shape[-1] - rope_head_dim
-    check(dn > 0 and dn % tile_size == 0, op, "query D - rope_head_dim (%d) must be a positive multiple of tile_size %d"
-          % (dn, tile_size))
-    check(1 <= sparse_block_size <= 16, op, "sparse_block_size must be in [1, 16], got %d" % sparse_block_size)
+    check(dn > 0 and dn % tile_size == 0, op, "query D - rope_head_dim (%d) must be a positive multiple of tile_size %d", (dn, tile_size))
+    check(1 <= sparse_block_size <= 16, op, "sparse_block_size must be in [1, 16], got %d", sparse_block_size)
     check(layout_kv == "PA_BSND" or layout_kv == layout_query, op,
-          "without PageAttention layout_kv (%s) must equal layout_query (%s)" % (layout_kv, layout_query))
+          "without PageAttention layout_kv (%s) must equal layout_query (%s)", (layout_kv, layout_query))
     if layout_kv == "PA_BSND":
         check(key.dim() == 4 and key.shape[1] % sparse_block_size == 0, op,
-              "sparse_block_size %d must divide the PageAttention block_size" % sparse_block_size)
+              "sparse_block_size %d must divide the PageAttention block_size", sparse_block_size)
     n2 = key.shape[-2]
-    check(sparse_indices.dtype == torch.int32, op, "sparse_indices must be int32, got %s" % sparse_indices.dtype)
+    check(sparse_indices.dtype == torch.int32, op, "sparse_indices must be int32, got %s", sparse_indices.dtype)
     check(sparse_indices.dim() == query.dim() and tuple(sparse_indices.shape[:-1]) == tuple(query.shape[:-2]) + (n2,),
-          op, "sparse_indices shape %s must be %s + (sparse_size,)"
-          % (tuple(sparse_indices.shape), tuple(query.shape[:-2]) + (n2,)))
+          op, "sparse_indices shape %s must be %s + (sparse_size,)", (tuple(sparse_indices.shape), tuple(query.shape[:-2]) + (n2,)))
     k_nope, k_rope = _split_combined_key(op, key, query.dtype, dn, rope_head_dim, tile_size)
     out, _, _ = torch.ops.npu.npu_sparse_flash_attention(
         query[..., :dn], k_nope, k_nope, sparse_indices, scale_value, block_table=block_table,

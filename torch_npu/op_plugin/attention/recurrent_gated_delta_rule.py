@@ -29,7 +29,7 @@ __all__ = []
 
 
 def _int_list(t, what, op):
-    check(t.dim() == 1, op, "%s must be 1-D, got %d-D" % (what, t.dim()))
+    check(t.dim() == 1, op, "%s must be 1-D, got %d-D", (what, t.dim()))
     return [int(x) for x in t.tolist()]
 
 
@@ -41,13 +41,12 @@ def _check_shapes(op, query, key, value, state, gk):
     check(query.dim() == 3 and key.dim() == 3 and value.dim() == 3, op,
           "query, key and value must be 3-D (T, N, D)")
     t_total, nk, dk = query.shape
-    check(tuple(key.shape) == (t_total, nk, dk), op, "key shape %s differs from query's %s"
-          % (tuple(key.shape), tuple(query.shape)))
-    check(value.shape[0] == t_total, op, "value has %d tokens, query %d" % (value.shape[0], t_total))
+    check(tuple(key.shape) == (t_total, nk, dk), op, "key shape %s differs from query's %s", (tuple(key.shape), tuple(query.shape)))
+    check(value.shape[0] == t_total, op, "value has %d tokens, query %d", (value.shape[0], t_total))
     nv, dv = value.shape[1], value.shape[2]
-    check(nv % nk == 0, op, "value heads %d are not a multiple of key heads %d" % (nv, nk))
+    check(nv % nk == 0, op, "value heads %d are not a multiple of key heads %d", (nv, nk))
     check(state.dim() == 4 and tuple(state.shape[1:]) == (nv, dv, dk), op,
-          "state must be (slots, %d, %d, %d), got %s" % (nv, dv, dk, tuple(state.shape)))
+          "state must be (slots, %d, %d, %d), got %s", (nv, dv, dk, tuple(state.shape)))
 
 
 def _recurrence(op, query, key, value, state, beta, scale, actual_seq_lengths, ssm_state_indices,
@@ -59,9 +58,9 @@ def _recurrence(op, query, key, value, state, beta, scale, actual_seq_lengths, s
     o_dtype = value.dtype
     lengths = [t_total] if actual_seq_lengths is None else _int_list(actual_seq_lengths, "actual_seq_lengths", op)
     check(sum(lengths) == t_total and min(lengths) >= 0, op,
-          "actual_seq_lengths must be >= 0 and sum to T=%d, got %s" % (t_total, lengths))
+          "actual_seq_lengths must be >= 0 and sum to T=%d, got %s", (t_total, lengths))
     slots = list(range(t_total)) if ssm_state_indices is None else _int_list(ssm_state_indices, "ssm_state_indices", op)
-    check(len(slots) == t_total, op, "ssm_state_indices needs T=%d entries, got %d" % (t_total, len(slots)))
+    check(len(slots) == t_total, op, "ssm_state_indices needs T=%d entries, got %d", (t_total, len(slots)))
     accepted = None if num_accepted_tokens is None else _int_list(num_accepted_tokens, "num_accepted_tokens", op)
     check(accepted is None or len(accepted) == len(lengths), op, "num_accepted_tokens needs one entry per sequence")
 
@@ -80,7 +79,7 @@ def _recurrence(op, query, key, value, state, beta, scale, actual_seq_lengths, s
         if n == 0:
             continue
         first = start if accepted is None else start + accepted[i] - 1
-        check(start <= first < start + max(n, 1), op, "num_accepted_tokens[%d] out of range" % i)
+        check(start <= first < start + max(n, 1), op, "num_accepted_tokens[%d] out of range", i)
         s = new_state[slots[first]]  # [Nv, Dv, Dk]; earlier sequences' writes are visible
         for t in range(start, start + n):
             if decay is not None:

@@ -32,12 +32,10 @@ def npu_ring_attention_update(prev_attn_out, prev_softmax_max, prev_softmax_sum,
     op = "npu_ring_attention_update"
     if input_softmax_layout not in ("",):
         unsupported(op, "input_softmax_layout %r" % (input_softmax_layout,))
-    check(input_layout in ("SBH", "TND"), op, "input_layout must be SBH or TND, got %r" % (input_layout,))
-    check(prev_attn_out.shape == cur_attn_out.shape, op, "prev_attn_out %s and cur_attn_out %s shapes differ"
-          % (tuple(prev_attn_out.shape), tuple(cur_attn_out.shape)))
+    check(input_layout in ("SBH", "TND"), op, "input_layout must be SBH or TND, got %r", (input_layout,))
+    check(prev_attn_out.shape == cur_attn_out.shape, op, "prev_attn_out %s and cur_attn_out %s shapes differ", (tuple(prev_attn_out.shape), tuple(cur_attn_out.shape)))
     for t in (prev_softmax_sum, cur_softmax_max, cur_softmax_sum):
-        check(t.shape == prev_softmax_max.shape, op, "softmax statistics must share one shape, got %s and %s"
-              % (tuple(t.shape), tuple(prev_softmax_max.shape)))
+        check(t.shape == prev_softmax_max.shape, op, "softmax statistics must share one shape, got %s and %s", (tuple(t.shape), tuple(prev_softmax_max.shape)))
     pm, ps, cm, cs = (acc(t).float() if t.dtype != torch.float64 else t
                       for t in (prev_softmax_max, prev_softmax_sum, cur_softmax_max, cur_softmax_sum))
     m = torch.maximum(pm, cm)
@@ -51,7 +49,7 @@ def npu_ring_attention_update(prev_attn_out, prev_softmax_max, prev_softmax_sum,
         s, b, h = prev_attn_out.shape
         n = prev_softmax_max.shape[1]
         check(h % n == 0 and prev_softmax_max.shape[0] == b and prev_softmax_max.shape[2] == s, op,
-              "statistics %s do not match attn_out %s" % (tuple(prev_softmax_max.shape), tuple(prev_attn_out.shape)))
+              "statistics %s do not match attn_out %s", (tuple(prev_softmax_max.shape), tuple(prev_attn_out.shape)))
         # [B, N, S] -> [S, B, N, 1] to scale each head's D values
         wp = wp.permute(2, 0, 1).unsqueeze(-1)
         wc = wc.permute(2, 0, 1).unsqueeze(-1)
@@ -61,8 +59,7 @@ def npu_ring_attention_update(prev_attn_out, prev_softmax_max, prev_softmax_sum,
     else:
         check(prev_attn_out.dim() == 3 and prev_softmax_max.dim() == 3, op,
               "TND expects attn_out [T, N, D] and statistics [T, N, 8]")
-        check(prev_softmax_max.shape[:2] == prev_attn_out.shape[:2], op, "statistics %s do not match attn_out %s"
-              % (tuple(prev_softmax_max.shape), tuple(prev_attn_out.shape)))
+        check(prev_softmax_max.shape[:2] == prev_attn_out.shape[:2], op, "statistics %s do not match attn_out %s", (tuple(prev_softmax_max.shape), tuple(prev_attn_out.shape)))
         po, co = acc(prev_attn_out), acc(cur_attn_out)
         out = po * wp.unsqueeze(-1).to(po.dtype) + co * wc.unsqueeze(-1).to(co.dtype)
     return out.to(prev_attn_out.dtype), m.contiguous(), total.contiguous()

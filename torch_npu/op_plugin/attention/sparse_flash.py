@@ -93,13 +93,13 @@ def _output_shapes(query, key, value, sparse_block_size, layout_query, sparse_mo
                    query_rope, key_rope):
     """The checks that need no tensor values; returns (attention_out shape, softmax stats shape)."""
     op = "npu_sparse_flash_attention"
-    check(sparse_mode in (0, 3), op, "sparse_mode must be 0 or 3, got %d" % sparse_mode)
+    check(sparse_mode in (0, 3), op, "sparse_mode must be 0 or 3, got %d", sparse_mode)
     check(pre_tokens == _MAX and next_tokens == _MAX, op, "pre_tokens/next_tokens only support 2^63-1")
-    check(sparse_block_size >= 1, op, "sparse_block_size must be >= 1, got %d" % sparse_block_size)
+    check(sparse_block_size >= 1, op, "sparse_block_size must be >= 1, got %d", sparse_block_size)
     check((query_rope is None) == (key_rope is None), op, "query_rope and key_rope go together")
     val = key if value is None else value
     n1, n2 = query.shape[-2], key.shape[-2]
-    check(n1 % n2 == 0, op, "query heads %d are not a multiple of key heads %d" % (n1, n2))
+    check(n1 % n2 == 0, op, "query heads %d are not a multiple of key heads %d", (n1, n2))
     check(query.shape[-1] == key.shape[-1], op, "query and key head dims differ")
     out_shape = tuple(query.shape[:-1]) + (val.shape[-1],)
     stat_shape = ((query.shape[0], n2, query.shape[1], n1 // n2) if layout_query == "BSND"
@@ -174,12 +174,12 @@ def _check(op, query, key, value, query_rope, key_rope, sparse_block_size, layou
                     ("key_rope", key_rope)):
         if t is not None:
             check(t.dim() in (3, 4), op, "The shapes of the input %s should be 3 or 4 dimensional, but got %d-"
-                  "dimensional" % (name, t.dim()))
+                  "dimensional", (name, t.dim()))
     check(value is not None, op, "value is required")
-    check(layout in ("BSND", "TND"), op, "layout must be BSND or TND, got %r" % (layout,))
-    check(sparse_mode in (0, 3), op, "sparse_mode must be 0 or 3, got %s" % sparse_mode)
-    check(attention_mode in (0, 2), op, "attention_mode must be 0 or 2, got %s" % attention_mode)
-    check(sparse_block_size >= 1, op, "sparse_block_size must be >= 1, got %d" % sparse_block_size)
+    check(layout in ("BSND", "TND"), op, "layout must be BSND or TND, got %r", (layout,))
+    check(sparse_mode in (0, 3), op, "sparse_mode must be 0 or 3, got %s", sparse_mode)
+    check(attention_mode in (0, 2), op, "attention_mode must be 0 or 2, got %s", attention_mode)
+    check(sparse_block_size >= 1, op, "sparse_block_size must be >= 1, got %d", sparse_block_size)
     check((query_rope is None) == (key_rope is None), op, "query_rope and key_rope go together")
     if pre_tokens != _MAX or next_tokens != _MAX:
         raise NotImplementedError("%s: only the default pre_tokens/next_tokens are emulated" % op)
@@ -213,10 +213,10 @@ def npu_sparse_flash_attention_grad(query, key, value, sparse_indices, d_out, ou
     keys = KeyRows(op, key, layout, actual_seq_kvlen, None, rows.batch)
     stat_shape = (query.shape[0], n2, query.shape[1], grp) if layout == "BSND" else (n2, query.shape[0], grp)
     check(tuple(softmax_max.shape) == stat_shape and tuple(softmax_sum.shape) == stat_shape, op,
-          "softmax_max / softmax_sum must be %s" % (stat_shape,))
+          "softmax_max / softmax_sum must be %s", (stat_shape,))
     out_shape = tuple(query.shape[:-1]) + (value.shape[-1],)
     check(tuple(d_out.shape) == out_shape and tuple(out.shape) == out_shape, op,
-          "d_out / out must be %s" % (out_shape,))
+          "d_out / out must be %s", (out_shape,))
     q_cat = query if query_rope is None else torch.cat([query, query_rope], -1)
     k_cat = key if key_rope is None else torch.cat([key, key_rope], -1)
     q_all = rows.flat(q_cat).to(cdt)                                  # [R, N1, Dq]

@@ -19,7 +19,7 @@ def host_list(op, t, what):
         return None
     if isinstance(t, (list, tuple)):
         return [int(x) for x in t]
-    check(t.dim() == 1, op, "%s must be 1-D, got %d-D" % (what, t.dim()))
+    check(t.dim() == 1, op, "%s must be 1-D, got %d-D", (what, t.dim()))
     return [int(x) for x in t.tolist()]
 
 
@@ -34,20 +34,20 @@ class QueryRows:
         self.layout = layout
         lengths = host_list(op, actual_seq_lengths_query, "actual_seq_lengths_query")
         if layout == "BSND":
-            check(query.dim() == 4, op, "query must be 4-D for layout BSND, got %d-D" % query.dim())
+            check(query.dim() == 4, op, "query must be 4-D for layout BSND, got %d-D", query.dim())
             b, s1 = query.shape[0], query.shape[1]
             if lengths is None:
                 lengths = [s1] * b
-            check(len(lengths) == b, op, "actual_seq_lengths_query needs B=%d entries, got %d" % (b, len(lengths)))
+            check(len(lengths) == b, op, "actual_seq_lengths_query needs B=%d entries, got %d", (b, len(lengths)))
             for n in lengths:
-                check(0 <= n <= s1, op, "actual_seq_lengths_query entries must be in [0, %d], got %d" % (s1, n))
+                check(0 <= n <= s1, op, "actual_seq_lengths_query entries must be in [0, %d], got %d", (s1, n))
             self.starts = [i * s1 for i in range(b)]
             self.lengths = lengths
         elif layout == "TND":
-            check(query.dim() == 3, op, "query must be 3-D for layout TND, got %d-D" % query.dim())
+            check(query.dim() == 3, op, "query must be 3-D for layout TND, got %d-D", query.dim())
             check(lengths is not None, op, "actual_seq_lengths_query is required for layout TND")
             check(all(x <= y for x, y in zip(lengths, lengths[1:])) and (not lengths or lengths[-1] <= query.shape[0]),
-                  op, "actual_seq_lengths_query must be non-decreasing cumulative counts <= T1=%d" % query.shape[0])
+                  op, "actual_seq_lengths_query must be non-decreasing cumulative counts <= T1=%d", query.shape[0])
             self.starts = [0] + lengths[:-1]
             self.lengths = _diffs(lengths)
         else:
@@ -66,33 +66,32 @@ class KeyRows:
         self.op, self.layout = op, layout
         lengths = host_list(op, actual_seq_lengths_kv, "actual_seq_lengths_kv")
         if layout == "BSND":
-            check(key.dim() == 4, op, "key must be 4-D for layout BSND, got %d-D" % key.dim())
-            check(key.shape[0] == batch, op, "key batch %d differs from the query's %d" % (key.shape[0], batch))
+            check(key.dim() == 4, op, "key must be 4-D for layout BSND, got %d-D", key.dim())
+            check(key.shape[0] == batch, op, "key batch %d differs from the query's %d", (key.shape[0], batch))
             s2 = key.shape[1]
             lengths = [s2] * batch if lengths is None else lengths
             for n in lengths:
-                check(0 <= n <= s2, op, "actual_seq_lengths_kv entries must be in [0, %d], got %d" % (s2, n))
+                check(0 <= n <= s2, op, "actual_seq_lengths_kv entries must be in [0, %d], got %d", (s2, n))
             self.starts = [0] * batch
         elif layout == "TND":
-            check(key.dim() == 3, op, "key must be 3-D for layout TND, got %d-D" % key.dim())
+            check(key.dim() == 3, op, "key must be 3-D for layout TND, got %d-D", key.dim())
             check(lengths is not None, op, "actual_seq_lengths_kv is required for layout TND")
             self.starts = [0] + lengths[:-1]
             lengths = _diffs(lengths)
         elif layout == "PA_BSND":
-            check(key.dim() == 4, op, "key must be 4-D [block_num, block_size, N, D] for PA_BSND, got %d-D" % key.dim())
+            check(key.dim() == 4, op, "key must be 4-D [block_num, block_size, N, D] for PA_BSND, got %d-D", key.dim())
             check(lengths is not None and block_table is not None, op,
                   "PA_BSND needs actual_seq_lengths_kv and block_table")
             check(block_table.dim() == 2 and block_table.shape[0] == batch, op,
-                  "block_table must be 2-D with B=%d rows" % batch)
+                  "block_table must be 2-D with B=%d rows", batch)
             bs = key.shape[1]
             need = max([(n + bs - 1) // bs for n in lengths] + [0])
-            check(block_table.shape[1] >= need, op, "block_table has %d columns, the longest sequence needs %d"
-                  % (block_table.shape[1], need))
+            check(block_table.shape[1] >= need, op, "block_table has %d columns, the longest sequence needs %d", (block_table.shape[1], need))
             self.table = block_table.tolist()
             self.starts = [0] * batch
         else:
             raise NotImplementedError("%s: key layout %r is not emulated (supported: BSND, TND, PA_BSND)" % (op, layout))
-        check(len(lengths) == batch, op, "actual_seq_lengths_kv needs B=%d entries, got %d" % (batch, len(lengths)))
+        check(len(lengths) == batch, op, "actual_seq_lengths_kv needs B=%d entries, got %d", (batch, len(lengths)))
         self.lengths = lengths
 
     def keys(self, x, b):

@@ -73,11 +73,11 @@ def _npu_fused_infer_attention_score_v2_get_max_workspace(
 
 
 def _fa_v3_checks(op, query, key, value, head_num, input_layout, keep_prob):
-    check(head_num > 0, op, "head_num must > 0, but got %d" % head_num)
+    check(head_num > 0, op, "head_num must > 0, but got %d", head_num)
     for name, t in (("query", query), ("key", key), ("value", value)):
-        check(t.dim() in (3, 4), op, "The shapes of the input %s should be 3 or 4 dimensional, but got %d-dimensional"
-              % (name, t.dim()))
-    check(0 < keep_prob <= 1, op, "The keep_prob value must be in range of (0, 1], but got %r" % (keep_prob,))
+        check(t.dim() in (3, 4), op, "The shapes of the input %s should be 3 or 4 dimensional, but got %d-dimensional",
+              (name, t.dim()))
+    check(0 < keep_prob <= 1, op, "The keep_prob value must be in range of (0, 1], but got %r", (keep_prob,))
     _fa_stat_shape(op, query, head_num, input_layout)
 
 
@@ -104,5 +104,5 @@ def _npu_fusion_attention_grad_v3_get_max_workspace(query, key, value, dy, head_
     """Workspace for ``npu_fusion_attention_grad_v3.out``: 1-D, query's dtype and device, 0 elements."""
     op = "_npu_fusion_attention_grad_v3_get_max_workspace"
     _fa_v3_checks(op, query, key, value, head_num, input_layout, keep_prob)
-    check(dy.dim() == query.dim(), op, "dy must have query's rank %d, got %d" % (query.dim(), dy.dim()))
+    check(dy.dim() == query.dim(), op, "dy must have query's rank %d, got %d", (query.dim(), dy.dim()))
     return _workspace(query)

@@ -27,12 +27,12 @@ def _kv_rmsnorm_rope(op, kv, gamma, cos, sin, epsilon):
     ``kv`` [B, 1, S, H] and the de-interleaving RoPE (evens then odds, ``k*cos +
     rotate_half(k)*sin``) of the remaining cos.size(3) features."""
     rms_dim, rope_dim = gamma.size(0), cos.size(3)
-    check(kv.size(1) == 1, op, "kv must be [batch, 1, seq_len, hidden], got %s" % (tuple(kv.shape),))
-    check(kv.size(3) == rms_dim + rope_dim, op, "kv's last dim %d must be gamma.size(0) + cos.size(3) = %d"
-          % (kv.size(3), rms_dim + rope_dim))
+    check(kv.size(1) == 1, op, "kv must be [batch, 1, seq_len, hidden], got %s", (tuple(kv.shape),))
+    check(kv.size(3) == rms_dim + rope_dim, op, "kv's last dim %d must be gamma.size(0) + cos.size(3) = %d",
+          (kv.size(3), rms_dim + rope_dim))
     for name, t in (("cos", cos), ("sin", sin)):
-        check(tuple(t.shape) == tuple(kv.shape[:3]) + (rope_dim,), op, "%s must be %s, got %s"
-              % (name, tuple(kv.shape[:3]) + (rope_dim,), tuple(t.shape)))
+        check(tuple(t.shape) == tuple(kv.shape[:3]) + (rope_dim,), op, "%s must be %s, got %s",
+              (name, tuple(kv.shape[:3]) + (rope_dim,), tuple(t.shape)))
     compute = torch.float64 if kv.dtype == torch.float64 else torch.float32
     rms_in, rope_in = kv.to(compute).split([rms_dim, rope_dim], dim=-1)
     y = rms_in * torch.rsqrt(rms_in.pow(2).mean(-1, keepdim=True) + epsilon) * gamma.to(compute)
@@ -55,17 +55,17 @@ def _kv_cache_targets(op, index, cache_mode, batch, seq_len, block_size):
     tokens = torch.arange(batch * seq_len)
     if cache_mode in ("PA_BLK_BNSD", "PA_BLK_NZ"):
         check(index.dim() == 1 and index.numel() % batch == 0, op,
-              "%s: index must be [batch * ceil(seq_len / block_size)], got %s" % (cache_mode, tuple(index.shape)))
+              "%s: index must be [batch * ceil(seq_len / block_size)], got %s", (cache_mode, tuple(index.shape)))
         pages_per_batch = index.numel() // batch
         in_batch = tokens % seq_len
         check((seq_len + block_size - 1) // block_size <= pages_per_batch, op,
-              "%s: index holds %d pages per batch, seq_len %d needs %d"
-              % (cache_mode, pages_per_batch, seq_len, (seq_len + block_size - 1) // block_size))
+              "%s: index holds %d pages per batch, seq_len %d needs %d",
+              (cache_mode, pages_per_batch, seq_len, (seq_len + block_size - 1) // block_size))
         offsets = index.detach().cpu().long()[(tokens // seq_len) * pages_per_batch + in_batch // block_size]
         keep = offsets >= 0
         return tokens[keep], offsets[keep] // block_size, in_batch[keep] % block_size
-    check(index.numel() == batch * seq_len, op, "%s: index must hold one offset per token (%d), got %s"
-          % (cache_mode, batch * seq_len, tuple(index.shape)))
+    check(index.numel() == batch * seq_len, op, "%s: index must hold one offset per token (%d), got %s",
+          (cache_mode, batch * seq_len, tuple(index.shape)))
     offsets = index.detach().cpu().long().reshape(-1)
     keep = offsets >= 0
     return tokens[keep], offsets[keep] // block_size, offsets[keep] % block_size
@@ -77,27 +77,27 @@ def _kv_write(op, cache, rows, index, cache_mode, batch, seq_len, quant, name):
     flat_rows = rows.reshape(batch * seq_len, dim)
     if cache_mode == "Norm":
         check(cache.dim() == 4 and cache.size(0) == batch and cache.size(1) == 1 and cache.size(3) == dim, op,
-              "Norm: %s must be [batch, 1, cache_length, %d], got %s" % (name, dim, tuple(cache.shape)))
-        check(tuple(index.shape) == (batch, seq_len), op, "Norm: index must be [batch, seq_len] = %s, got %s"
-              % ((batch, seq_len), tuple(index.shape)))
+              "Norm: %s must be [batch, 1, cache_length, %d], got %s", (name, dim, tuple(cache.shape)))
+        check(tuple(index.shape) == (batch, seq_len), op, "Norm: index must be [batch, seq_len] = %s, got %s",
+              ((batch, seq_len), tuple(index.shape)))
         offsets = index.detach().cpu().long().reshape(-1)
         keep = offsets >= 0
         tokens = torch.arange(batch * seq_len)[keep]
-        check(bool((offsets[keep] < cache.size(2)).all()), op, "Norm: index values must be < cache_length %d"
-              % cache.size(2))
+        check(bool((offsets[keep] < cache.size(2)).all()), op, "Norm: index values must be < cache_length %d",
+              cache.size(2))
         b = (tokens // seq_len).to(cache.device)
         cache[b, 0, offsets[keep].to(cache.device)] = flat_rows[tokens.to(rows.device)]
         return
     check(cache.dim() == 4 and cache.size(2) == 1 and cache.size(3) == dim, op,
-          "%s: %s must be [block_num, block_size, 1, %d], got %s" % (cache_mode, name, dim, tuple(cache.shape)))
+          "%s: %s must be [block_num, block_size, 1, %d], got %s", (cache_mode, name, dim, tuple(cache.shape)))
     block_num, block_size = cache.size(0), cache.size(1)
     tokens, pages, in_page = _kv_cache_targets(op, index, cache_mode, batch, seq_len, block_size)
-    check(bool((pages < block_num).all()), op, "%s: index points past block_num %d" % (cache_mode, block_num))
+    check(bool((pages < block_num).all()), op, "%s: index points past block_num %d", (cache_mode, block_num))
     tokens, pages, in_page = tokens.to(cache.device), pages.to(cache.device), in_page.to(cache.device)
     if cache_mode.endswith("NZ"):
         piece = _NZ_PIECE[quant]
-        check(dim % piece == 0 and cache.is_contiguous(), op, "%s: %s's last dim must be a multiple of %d"
-              % (cache_mode, name, piece))
+        check(dim % piece == 0 and cache.is_contiguous(), op, "%s: %s's last dim must be a multiple of %d",
+              (cache_mode, name, piece))
         nz = cache.view(block_num, dim // piece, block_size, piece)   # each block stored as FRACTAL_NZ
         nz[pages, :, in_page, :] = flat_rows[tokens].reshape(-1, dim // piece, piece)
     else:
@@ -115,7 +115,7 @@ def _kv_rmsnorm_rope_cache(op, kv, gamma, cos, sin, index, k_cache, ckv_cache, k
                                   "on the CPU-emulated NPU" % op)
     if any(d is not None for d in cache_dtypes):
         raise NotImplementedError("%s: k_cache_dtype / ckv_cache_dtype are not emulated on the CPU-emulated NPU" % op)
-    check(cache_mode in _KV_CACHE_MODES, op, "cache_mode must be one of %s, got %r" % (_KV_CACHE_MODES, cache_mode))
+    check(cache_mode in _KV_CACHE_MODES, op, "cache_mode must be one of %s, got %r", (_KV_CACHE_MODES, cache_mode))
     check(kv.dim() == 4 and gamma.dim() == 1 and cos.dim() == 4, op, "kv and cos must be 4-D, gamma 1-D")
     check((k_rope_scale is None) == (c_kv_scale is None), op, "k_rope_scale and c_kv_scale must be given together")
     quant = k_rope_scale is not None

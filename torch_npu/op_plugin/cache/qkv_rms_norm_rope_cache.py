@@ -50,28 +50,28 @@ def _quantise(op, name, v, scale, offset, cache):
         if offset is not None:
             raise NotImplementedError("%s: %s_offset without %s_scale is not supported by the CPU-emulated NPU"
                                       % (op, name, name))
-        check(cache.dtype != torch.int8, op, "%s_scale is required for an int8 %s_cache" % (name, name))
+        check(cache.dtype != torch.int8, op, "%s_scale is required for an int8 %s_cache", (name, name))
         return v.to(cache.dtype)
-    check(cache.dtype == torch.int8, op, "%s_cache must be int8 when %s_scale is given, got %s"
-          % (name, name, cache.dtype))
+    check(cache.dtype == torch.int8, op, "%s_cache must be int8 when %s_scale is given, got %s",
+          (name, name, cache.dtype))
     n, d = v.shape[1], v.shape[2]
-    check(scale.numel() == n * d, op, "%s_scale must be [%d, %d], got %s" % (name, n, d, tuple(scale.shape)))
+    check(scale.numel() == n * d, op, "%s_scale must be [%d, %d], got %s", (name, n, d, tuple(scale.shape)))
     q = v / scale.float().reshape(n, d)
     if offset is not None:
-        check(offset.numel() == n * d, op, "%s_offset must be [%d, %d], got %s" % (name, n, d, tuple(offset.shape)))
+        check(offset.numel() == n * d, op, "%s_offset must be [%d, %d], got %s", (name, n, d, tuple(offset.shape)))
         q = q + offset.float().reshape(n, d)
     return torch.round(q).clamp(-128, 127).to(torch.int8)
 
 
 def _pa_nz_scattered(op, name, cache, rows, index):
     """``cache`` with each token's ``rows[t]`` ([N, D]) written at slot ``index[t]`` (PA_NZ)."""
-    check(cache.dim() == 4, op, "%s_cache must be 4-D [BlockNum, N*D/c0, BlockSize, c0], got %d-D"
-          % (name, cache.dim()))
+    check(cache.dim() == 4, op, "%s_cache must be 4-D [BlockNum, N*D/c0, BlockSize, c0], got %d-D",
+          (name, cache.dim()))
     bn, chunks, bs, c0 = cache.shape
     t, n, d = rows.shape
     check(c0 > 0 and d % c0 == 0 and chunks == n * d // c0, op,
-          "%s_cache must be [BlockNum, %d, BlockSize, c0] with c0 dividing %d, got %s"
-          % (name, n * d // max(c0, 1), d, tuple(cache.shape)))
+          "%s_cache must be [BlockNum, %d, BlockSize, c0] with c0 dividing %d, got %s",
+          (name, n * d // max(c0, 1), d, tuple(cache.shape)))
     slots = cache.reshape(bn, n, d // c0, bs, c0).permute(0, 3, 1, 2, 4).reshape(bn * bs, n, d)
     # index -1 (skip) goes to a spare slot appended at the end and dropped afterwards
     slots = torch.cat([slots, slots.new_zeros(1, n, d)])
@@ -83,23 +83,23 @@ def _pa_nz_scattered(op, name, cache, rows, index):
 def _compute(op, qkv, q_gamma, k_gamma, cos, sin, index, q_out, k_cache, v_cache, qkv_size, head_nums,
              k_scale, v_scale, k_offset, v_offset, epsilon, cache_mode, is_output_qkv):
     """``(before-quant outputs, new q_out, new k_cache, new v_cache)``."""
-    check(len(qkv_size) == 4, op, "qkv_size must be [B, S, N, D], got %s" % (list(qkv_size),))
-    check(len(head_nums) == 3, op, "head_nums must be [n_q, n_k, n_v], got %s" % (list(head_nums),))
+    check(len(qkv_size) == 4, op, "qkv_size must be [B, S, N, D], got %s", (list(qkv_size),))
+    check(len(head_nums) == 3, op, "head_nums must be [n_q, n_k, n_v], got %s", (list(head_nums),))
     if cache_mode != "PA_NZ":
         raise NotImplementedError("%s: cache_mode=%r is not supported by the CPU-emulated NPU (only 'PA_NZ')"
                                   % (op, cache_mode))
     b, s, n, d = qkv_size
     nq, nk, nv = head_nums
     t = b * s
-    check(qkv.dim() == 2 and qkv.dtype in _FLOATS, op, "qkv must be a 2-D float tensor, got %s %s"
-          % (tuple(qkv.shape), qkv.dtype))
+    check(qkv.dim() == 2 and qkv.dtype in _FLOATS, op, "qkv must be a 2-D float tensor, got %s %s",
+          (tuple(qkv.shape), qkv.dtype))
     check(n == nq + nk + nv and tuple(qkv.shape) == (t, n * d), op,
-          "qkv must be [B*S, N*D] = [%d, %d] with N = n_q + n_k + n_v, got %s" % (t, n * d, tuple(qkv.shape)))
-    check(d % 2 == 0, op, "D must be even for the rotation, got %d" % d)
-    check(tuple(q_gamma.shape) == (d,) and tuple(k_gamma.shape) == (d,), op, "q_gamma and k_gamma must be [%d]" % d)
-    check(cos.numel() == t * d and sin.numel() == t * d, op, "cos and sin must be [%d, %d]" % (t, d))
-    check(index.dim() == 1 and index.shape[0] == t, op, "index must be [%d], got %s" % (t, tuple(index.shape)))
-    check(tuple(q_out.shape) == (t, nq * d), op, "q_out must be [%d, %d], got %s" % (t, nq * d, tuple(q_out.shape)))
+          "qkv must be [B*S, N*D] = [%d, %d] with N = n_q + n_k + n_v, got %s", (t, n * d, tuple(qkv.shape)))
+    check(d % 2 == 0, op, "D must be even for the rotation, got %d", d)
+    check(tuple(q_gamma.shape) == (d,) and tuple(k_gamma.shape) == (d,), op, "q_gamma and k_gamma must be [%d]", d)
+    check(cos.numel() == t * d and sin.numel() == t * d, op, "cos and sin must be [%d, %d]", (t, d))
+    check(index.dim() == 1 and index.shape[0] == t, op, "index must be [%d], got %s", (t, tuple(index.shape)))
+    check(tuple(q_out.shape) == (t, nq * d), op, "q_out must be [%d, %d], got %s", (t, nq * d, tuple(q_out.shape)))
     x = qkv.float().reshape(t, n, d)
     c = cos.float().reshape(t, 1, d)
     sn = sin.float().reshape(t, 1, d)

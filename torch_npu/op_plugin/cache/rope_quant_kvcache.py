@@ -18,10 +18,10 @@ def _rope_quant_kvcache(op, x, cos, k_cache, v_cache, size_splits, kv_output):
     dim, q heads = size_splits[0] // D, k/v heads = the cache's third dim. Without kv_output the
     k/v outputs are empty [0] tensors. The caches are updated in place by the real kernel; the
     schema returns them as new tensors, so copies of their shape are returned here."""
-    check(x.dim() in (2, 3), op, "x must be 2-D or 3-D, got %d-D" % x.dim())
-    check(k_cache.dim() == 4, op, "k_cache must be 4-D, got %d-D" % k_cache.dim())
-    check(len(size_splits) == 3, op, "size_splits must have 3 entries, got %d" % len(size_splits))
-    check(size_splits[0] >= 0, op, "size_splits[0] must be >= 0, got %d" % size_splits[0])
+    check(x.dim() in (2, 3), op, "x must be 2-D or 3-D, got %d-D", x.dim())
+    check(k_cache.dim() == 4, op, "k_cache must be 4-D, got %d-D", k_cache.dim())
+    check(len(size_splits) == 3, op, "size_splits must have 3 entries, got %d", len(size_splits))
+    check(size_splits[0] >= 0, op, "size_splits[0] must be >= 0, got %d", size_splits[0])
     lead = [x.size(0), x.size(1)] if x.dim() == 3 else [x.size(0)]
     k_heads, head_dim = k_cache.size(2), k_cache.size(3)
     q_heads = size_splits[0] // head_dim if head_dim != 0 else 0
@@ -43,5 +43,5 @@ def npu_dequant_rope_quant_kvcache(x, cos, sin, k_cache, v_cache, indices, scale
                                    offset_k=None, offset_v=None, weight_scale=None, activation_scale=None, bias=None,
                                    quant_mode=0, input_layout="BSND", kv_output=False, cache_mode="contiguous"):
     op = "npu_dequant_rope_quant_kvcache"
-    check(x.dtype == torch.int32, op, "x must be int32 (the matmul accumulator), got %s" % x.dtype)
+    check(x.dtype == torch.int32, op, "x must be int32 (the matmul accumulator), got %s", x.dtype)
     return _rope_quant_kvcache(op, x, cos, k_cache, v_cache, size_splits, kv_output)

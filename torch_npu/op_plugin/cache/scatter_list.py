@@ -15,19 +15,19 @@ __all__ = []
 
 def _scatter_list_into(op, outputs, indices, updates, mask, reduce, axis):
     """outputs[i].select(axis, indices[i]) = updates[i].select(axis, 0) for every list entry."""
-    check(reduce == "update", op, "reduce must be 'update', got %r" % (reduce,))
+    check(reduce == "update", op, "reduce must be 'update', got %r", (reduce,))
     check(len(outputs) > 0, op, "the tensor list must not be empty")
     rank = outputs[0].dim()
-    check(axis in (-2, -1, rank - 2, rank - 1), op, "axis must be -2 or -1, got %d" % axis)
+    check(axis in (-2, -1, rank - 2, rank - 1), op, "axis must be -2 or -1, got %d", axis)
     dim = axis % rank
     check(indices.dim() == 1 and indices.size(0) == len(outputs), op,
-          "indices must be 1-D with one index per tensor (%d), got %s" % (len(outputs), tuple(indices.shape)))
+          "indices must be 1-D with one index per tensor (%d), got %s", (len(outputs), tuple(indices.shape)))
     check(indices.dtype in (torch.int32, torch.int64), op, "indices must be int32 or int64")
     expected = [len(outputs)] + [1 if d == dim else s for d, s in enumerate(outputs[0].shape)]
     if updates.dim() == rank + 1 and updates.size(dim + 1) != 1:
         raise NotImplementedError("%s: updates of %d rows along axis are not emulated (only the documented one row "
                                   "per tensor)" % (op, updates.size(dim + 1)))
-    check(list(updates.shape) == expected, op, "updates must be %s, got %s" % (expected, list(updates.shape)))
+    check(list(updates.shape) == expected, op, "updates must be %s, got %s", (expected, list(updates.shape)))
     if mask is not None:
         check(mask.dim() == 1 and mask.size(0) == len(outputs), op, "mask must be 1-D with one entry per tensor")
         if not symbolic(mask) and not bool((mask != 0).all()):
@@ -35,7 +35,7 @@ def _scatter_list_into(op, outputs, indices, updates, mask, reduce, axis):
                                       % op)
     for i, out in enumerate(outputs):
         check(tuple(out.shape) == tuple(outputs[0].shape) and out.dtype == updates.dtype, op,
-              "every tensor must have shape %s and updates' dtype" % (tuple(outputs[0].shape),))
+              "every tensor must have shape %s and updates' dtype", (tuple(outputs[0].shape),))
         out.index_copy_(dim, indices[i:i + 1].long(), updates[i])
 
 

@@ -51,17 +51,17 @@ _WORLD_SIZES = (2, 4, 8, 16)
 def _check_inputs(op, x1, x2, world_size, bias, all2all_axes, allowed_axes, comm_mode, k_of_x2, n):
     if comm_mode is not None:
         unsupported(op, "comm_mode=%r" % (comm_mode,))
-    check(world_size in _WORLD_SIZES, op, "world_size should be in %s, got %d" % (list(_WORLD_SIZES), world_size))
-    check(x1.dim() == 2 and x2.dim() == 2, op, "x1 and x2 must be 2-D, got %dD and %dD" % (x1.dim(), x2.dim()))
-    check(x1.dtype in (torch.float16, torch.bfloat16), op, "x1 must be float16 or bfloat16, got %s" % x1.dtype)
-    check(x2.dtype == x1.dtype, op, "x2 dtype %s must equal x1 dtype %s" % (x2.dtype, x1.dtype))
-    check(x2.shape[0] == k_of_x2, op, "x2 must have %d rows, got %d" % (k_of_x2, x2.shape[0]))
+    check(world_size in _WORLD_SIZES, op, "world_size should be in %s, got %d", (list(_WORLD_SIZES), world_size))
+    check(x1.dim() == 2 and x2.dim() == 2, op, "x1 and x2 must be 2-D, got %dD and %dD", (x1.dim(), x2.dim()))
+    check(x1.dtype in (torch.float16, torch.bfloat16), op, "x1 must be float16 or bfloat16, got %s", x1.dtype)
+    check(x2.dtype == x1.dtype, op, "x2 dtype %s must equal x1 dtype %s", (x2.dtype, x1.dtype))
+    check(x2.shape[0] == k_of_x2, op, "x2 must have %d rows, got %d", (k_of_x2, x2.shape[0]))
     axes = list(all2all_axes) if all2all_axes is not None else []
-    check(axes in ([], allowed_axes), op, "all2all_axes must be None/[] or %s, got %s" % (allowed_axes, axes))
+    check(axes in ([], allowed_axes), op, "all2all_axes must be None/[] or %s, got %s", (allowed_axes, axes))
     if bias is not None:
         want = torch.float16 if x1.dtype == torch.float16 else torch.float32
-        check(bias.dim() == 1 and bias.shape[0] == n, op, "bias must be 1-D with %d entries" % n)
-        check(bias.dtype == want, op, "bias must be %s for %s inputs, got %s" % (want, x1.dtype, bias.dtype))
+        check(bias.dim() == 1 and bias.shape[0] == n, op, "bias must be 1-D with %d entries", n)
+        check(bias.dtype == want, op, "bias must be %s for %s inputs, got %s", (want, x1.dtype, bias.dtype))
 
 
 def _exchange(op, blocks, hcom, world_size):
@@ -87,7 +87,7 @@ def _all_to_all_matmul(shapes_only, x1, x2, hcom, world_size, bias=None, all2all
     bs, h = x1.shape if x1.dim() == 2 else (0, 0)
     _check_inputs(op, x1, x2, world_size, bias, all2all_axes, [-2, -1], comm_mode, h * world_size,
                   x2.shape[-1])
-    check(bs % world_size == 0, op, "the first axis of x1 (%d) must be divisible by world_size" % bs)
+    check(bs % world_size == 0, op, "the first axis of x1 (%d) must be divisible by world_size", bs)
     rows = bs // world_size
     if shapes_only:
         permuted = x1.new_empty((rows, h * world_size))
@@ -102,7 +102,7 @@ def _matmul_all_to_all(shapes_only, x1, x2, hcom, world_size, bias=None, all2all
     op = "npu_matmul_all_to_all"
     _check_inputs(op, x1, x2, world_size, bias, all2all_axes, [-1, -2], comm_mode, x1.shape[-1], x2.shape[-1])
     bs, h2 = x1.shape[0], x2.shape[1]
-    check(h2 % world_size == 0, op, "the second axis of x2 (%d) must be divisible by world_size" % h2)
+    check(h2 % world_size == 0, op, "the second axis of x2 (%d) must be divisible by world_size", h2)
     width = h2 // world_size
     if shapes_only:
         return x1.new_empty((world_size * bs, width))
@@ -121,8 +121,8 @@ _COMM_MODES = (None, "aiv", "ai_cpu", "ccu")
 
 def _check_mc2_options(op, world_size, quant_scale, block_size, comm_turn, group_sizes, amax_output, comm_mode,
                        dtype_overrides):
-    check(world_size in _SCATTER_WORLDS, op, "world_size should be in %s, got %d" % (list(_SCATTER_WORLDS), world_size))
-    check(comm_mode in _COMM_MODES, op, "comm_mode must be one of %s, got %r" % (list(_COMM_MODES), comm_mode))
+    check(world_size in _SCATTER_WORLDS, op, "world_size should be in %s, got %d", (list(_SCATTER_WORLDS), world_size))
+    check(comm_mode in _COMM_MODES, op, "comm_mode must be one of %s, got %r", (list(_COMM_MODES), comm_mode))
     rejected = [name for name, value in dtype_overrides if value is not None]
     if quant_scale is not None:
         rejected.append("quant_scale")
@@ -141,9 +141,9 @@ def _check_mc2_options(op, world_size, quant_scale, block_size, comm_turn, group
 def _y_dtype(op, x1, y_dtype):
     if x1.dtype in (torch.float16, torch.bfloat16):
         dt = _dtype_or_default(op, "y_dtype", y_dtype, x1.dtype)
-        check(dt == x1.dtype, op, "when input is float16 or bfloat16, y_dtype must equal it, got %s" % dt)
+        check(dt == x1.dtype, op, "when input is float16 or bfloat16, y_dtype must equal it, got %s", dt)
         return dt
-    check(y_dtype is not None, op, "y_dtype is required when x1 is %s" % x1.dtype)
+    check(y_dtype is not None, op, "y_dtype is required when x1 is %s", x1.dtype)
     dt = _dtype_or_default(op, "y_dtype", y_dtype, None)
     check(dt in (torch.float16, torch.bfloat16, torch.float32), op, "y_dtype must be float16, bfloat16 or float32")
     return dt
@@ -158,17 +158,17 @@ def _quant_mm_reduce_scatter(shapes_only, self, x2, hcom, world_size, *, reduce_
     _check_mc2_options(op, world_size, quant_scale, block_size, comm_turn, group_sizes, amax_output, comm_mode,
                        (("x1_dtype", x1_dtype), ("x2_dtype", x2_dtype), ("x1_scale_dtype", x1_scale_dtype),
                         ("x2_scale_dtype", x2_scale_dtype)))
-    check(reduce_op == "sum", op, "reduce_op must be 'sum', got %r" % (reduce_op,))
+    check(reduce_op == "sum", op, "reduce_op must be 'sum', got %r", (reduce_op,))
     check(x1.dim() == 2 and x2.dim() == 2, op, "x1 and x2 must be 2-D")
-    check(x1.shape[1] == x2.shape[0], op, "the K axes of x1 (%d) and x2 (%d) must be equal" % (x1.shape[1], x2.shape[0]))
+    check(x1.shape[1] == x2.shape[0], op, "the K axes of x1 (%d) and x2 (%d) must be equal", (x1.shape[1], x2.shape[0]))
     m, n = x1.shape[0], x2.shape[1]
-    check(m % world_size == 0, op, "the M axis of x1 (%d) must be divisible by world_size" % m)
-    check(x2.dtype == x1.dtype, op, "x1 and x2 must have the same dtype, got %s and %s" % (x1.dtype, x2.dtype))
+    check(m % world_size == 0, op, "the M axis of x1 (%d) must be divisible by world_size", m)
+    check(x2.dtype == x1.dtype, op, "x1 and x2 must have the same dtype, got %s and %s", (x1.dtype, x2.dtype))
     out_dtype = _y_dtype(op, x1, y_dtype)
     if x1.dtype in (torch.float16, torch.bfloat16):
-        check(x1_scale is None and x2_scale is None, op, "x1_scale / x2_scale must be None for %s inputs" % x1.dtype)
+        check(x1_scale is None and x2_scale is None, op, "x1_scale / x2_scale must be None for %s inputs", x1.dtype)
         if bias is not None:
-            check(bias.dtype in (x1.dtype, torch.float32), op, "bias must be %s or float32" % x1.dtype)
+            check(bias.dtype in (x1.dtype, torch.float32), op, "bias must be %s or float32", x1.dtype)
     elif x1.dtype == torch.int8:
         for name, scale, shape in (("x1_scale", x1_scale, (m, 1)), ("x2_scale", x2_scale, (1, n))):
             if scale is not None:
@@ -176,11 +176,11 @@ def _quant_mm_reduce_scatter(shapes_only, self, x2, hcom, world_size, *, reduce_
                     raise NotImplementedError("%s: int64 (packed) %s is not supported on the CPU-emulated NPU"
                                               % (op, name))
                 check(scale.dtype == torch.float32 and tuple(scale.shape) == shape, op,
-                      "%s must be float32 %s" % (name, shape))
+                      "%s must be float32 %s", (name, shape))
     else:
         raise NotImplementedError("%s: %s inputs are not supported on the CPU-emulated NPU" % (op, x1.dtype))
     if bias is not None:
-        check(bias.dim() == 1 and bias.shape[0] == n, op, "bias must be 1-D with %d entries" % n)
+        check(bias.dim() == 1 and bias.shape[0] == n, op, "bias must be 1-D with %d entries", n)
     if shapes_only:
         return x1.new_empty((m // world_size, n), dtype=out_dtype), None
     if x1.dtype == torch.int8:
@@ -208,20 +208,20 @@ def _all_gather_quant_mm(shapes_only, self, x2, hcom, world_size, *, bias=None, 
     _check_mc2_options(op, world_size, quant_scale, block_size, comm_turn, group_sizes, amax_output, comm_mode,
                        (("x1_dtype", x1_dtype), ("x2_dtype", x2_dtype), ("x1_scale_dtype", x1_scale_dtype),
                         ("x2_scale_dtype", x2_scale_dtype)))
-    check(gather_index == 0, op, "gather_index must be 0 (gather x1), got %d" % gather_index)
+    check(gather_index == 0, op, "gather_index must be 0 (gather x1), got %d", gather_index)
     check(x1.dim() == 2 and x2.dim() == 2, op, "x1 and x2 must be 2-D")
-    check(x1.shape[1] == x2.shape[0], op, "the K axes of x1 (%d) and x2 (%d) must be equal" % (x1.shape[1], x2.shape[0]))
+    check(x1.shape[1] == x2.shape[0], op, "the K axes of x1 (%d) and x2 (%d) must be equal", (x1.shape[1], x2.shape[0]))
     if x1.dtype not in (torch.float16, torch.bfloat16):
         raise NotImplementedError("%s: %s inputs (quantised scenarios) are not supported on the CPU-emulated NPU"
                                   % (op, x1.dtype))
-    check(x2.dtype == x1.dtype, op, "x1 and x2 must have the same dtype, got %s and %s" % (x1.dtype, x2.dtype))
-    check(x1_scale is None and x2_scale is None, op, "x1_scale / x2_scale must be None for %s inputs" % x1.dtype)
+    check(x2.dtype == x1.dtype, op, "x1 and x2 must have the same dtype, got %s and %s", (x1.dtype, x2.dtype))
+    check(x1_scale is None and x2_scale is None, op, "x1_scale / x2_scale must be None for %s inputs", x1.dtype)
     out_dtype = _y_dtype(op, x1, y_dtype)
     m, k = x1.shape
     n = x2.shape[1]
     if bias is not None:
         check(bias.dim() == 1 and bias.shape[0] == n and bias.dtype == x1.dtype, op,
-              "bias must be 1-D %s with %d entries" % (x1.dtype, n))
+              "bias must be 1-D %s with %d entries", (x1.dtype, n))
     if shapes_only:
         gather_out = x1.new_empty((m * world_size, k)) if gather_output else x1.new_empty((0,))
         return x1.new_empty((m * world_size, n), dtype=out_dtype), gather_out, None
@@ -241,8 +241,8 @@ non_differentiable("npu_all_to_all_matmul", "npu_matmul_all_to_all", "npu_quant_
 
 
 def _check_world(op, world_size, allowed):
-    check(world_size in allowed, op, "world_size should be in %s, but the actual value is %d"
-           % (list(allowed), world_size))
+    check(world_size in allowed, op, "world_size should be in %s, but the actual value is %d",
+           (list(allowed), world_size))
 
 
 @meta("npu_quant_matmul_all_to_all")

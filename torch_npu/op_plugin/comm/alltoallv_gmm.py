@@ -39,8 +39,8 @@ def _check_common(op, gmm_x, gmm_weight, world, send_counts, recv_counts, extra)
           "gmm_x and gmm_weight must be float16/bfloat16 of the same dtype")
     e = gmm_weight.shape[0]
     check(len(send_counts) == len(recv_counts) == e * world, op,
-          "send_counts and recv_counts must have e * ep_world_size = %d entries, got %d and %d"
-          % (e * world, len(send_counts), len(recv_counts)))
+          "send_counts and recv_counts must have e * ep_world_size = %d entries, got %d and %d",
+          (e * world, len(send_counts), len(recv_counts)))
     return e
 
 
@@ -91,8 +91,8 @@ def _prepare(op, gmm_x, gmm_weight, ep_world_size, send_counts, recv_counts, sen
     e = _check_common(op, gmm_x, gmm_weight, ep_world_size, send_counts, recv_counts,
                       (("send_counts_tensor", send_counts_tensor), ("recv_counts_tensor", recv_counts_tensor),
                        ("comm_mode", comm_mode)))
-    check(sum(send_counts) == gmm_x.shape[0], op, "gmm_x has %d rows, send_counts sum to %d"
-          % (gmm_x.shape[0], sum(send_counts)))
+    check(sum(send_counts) == gmm_x.shape[0], op, "gmm_x has %d rows, send_counts sum to %d",
+          (gmm_x.shape[0], sum(send_counts)))
     weight = _weight(gmm_weight, trans_gmm_weight)
     check(weight.shape[1] == gmm_x.shape[1], op, "H1 of gmm_x and gmm_weight differ")
     return send_counts, recv_counts, e, weight, _shared(op, mm_x, mm_weight, trans_mm_weight, gmm_x)

@@ -70,18 +70,18 @@ def _check_mx(op, modes, group_size, scales):
 def _check_gmm(op, gmm_x, gmm_weight, gmm_x_scale, gmm_weight_scale, world, send_counts, recv_counts):
     check(gmm_x.dim() == 2 and gmm_weight.dim() == 3, op, "gmm_x must be 2D and gmm_weight 3D (e, H1, N1)")
     check(gmm_x.dtype in _FLOAT8 and gmm_weight.dtype in _FLOAT8, op,
-          "gmm_x and gmm_weight must be float8_e4m3fn/float8_e5m2, got %s and %s" % (gmm_x.dtype, gmm_weight.dtype))
+          "gmm_x and gmm_weight must be float8_e4m3fn/float8_e5m2, got %s and %s", (gmm_x.dtype, gmm_weight.dtype))
     e, h1, n1 = gmm_weight.shape
     check(gmm_x.shape[1] == h1, op, "H1 of gmm_x and gmm_weight differ")
     g = (h1 + 63) // 64
-    check(tuple(gmm_x_scale.shape) == (gmm_x.shape[0], g, 2), op, "gmm_x_scale must be (%d, %d, 2), got %s"
-          % (gmm_x.shape[0], g, tuple(gmm_x_scale.shape)))
-    check(tuple(gmm_weight_scale.shape) == (e, g, n1, 2), op, "gmm_weight_scale must be %s, got %s"
-          % ((e, g, n1, 2), tuple(gmm_weight_scale.shape)))
+    check(tuple(gmm_x_scale.shape) == (gmm_x.shape[0], g, 2), op, "gmm_x_scale must be (%d, %d, 2), got %s",
+          (gmm_x.shape[0], g, tuple(gmm_x_scale.shape)))
+    check(tuple(gmm_weight_scale.shape) == (e, g, n1, 2), op, "gmm_weight_scale must be %s, got %s",
+          ((e, g, n1, 2), tuple(gmm_weight_scale.shape)))
     check(len(send_counts) == len(recv_counts) == e * world, op,
-          "send_counts and recv_counts must have e * ep_world_size = %d entries" % (e * world))
-    check(sum(send_counts) == gmm_x.shape[0], op, "gmm_x has %d rows, send_counts sum to %d"
-          % (gmm_x.shape[0], sum(send_counts)))
+          "send_counts and recv_counts must have e * ep_world_size = %d entries", (e * world))
+    check(sum(send_counts) == gmm_x.shape[0], op, "gmm_x has %d rows, send_counts sum to %d",
+          (gmm_x.shape[0], sum(send_counts)))
     return e
 
 

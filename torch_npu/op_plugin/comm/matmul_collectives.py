@@ -53,8 +53,8 @@ def _group(op, hcom):
 def _world(op, hcom, world_size):
     group = _group(op, hcom)
     actual = 1 if group is None else dist.get_world_size(group)
-    check(world_size == actual, op, "world_size %d does not match the %d rank(s) of hcom %r"
-          % (world_size, actual, hcom))
+    check(world_size == actual, op, "world_size %d does not match the %d rank(s) of hcom %r",
+          (world_size, actual, hcom))
     return group
 
 
@@ -62,9 +62,9 @@ def _check_float_mm(op, x1, x2):
     for name, t in (("x1", x1), ("x2", x2)):
         if not t.is_floating_point():
             unsupported(op, "%s of dtype %s (quantised matmul)" % (name, t.dtype))
-    check(x1.dtype == x2.dtype, op, "x1 and x2 must have the same dtype, got %s and %s" % (x1.dtype, x2.dtype))
-    check(x2.dim() == 2, op, "x2 must be 2-D (k, n), got %s" % (tuple(x2.shape),))
-    check(x1.size(-1) == x2.size(0), op, "k of x1 %s and x2 %s differ" % (tuple(x1.shape), tuple(x2.shape)))
+    check(x1.dtype == x2.dtype, op, "x1 and x2 must have the same dtype, got %s and %s", (x1.dtype, x2.dtype))
+    check(x2.dim() == 2, op, "x2 must be 2-D (k, n), got %s", (tuple(x2.shape),))
+    check(x1.size(-1) == x2.size(0), op, "k of x1 %s and x2 %s differ", (tuple(x1.shape), tuple(x2.shape)))
 
 
 def _antiquant(op, x2, scale, offset, group_size, dtype):
@@ -74,13 +74,13 @@ def _antiquant(op, x2, scale, offset, group_size, dtype):
     w = x2.to(dtype)
     if group_size:
         groups = (k + group_size - 1) // group_size
-        check(tuple(scale.shape) == (groups, n), op, "per-group antiquant_scale must be (%d, %d), got %s"
-              % (groups, n, tuple(scale.shape)))
+        check(tuple(scale.shape) == (groups, n), op, "per-group antiquant_scale must be (%d, %d), got %s",
+              (groups, n, tuple(scale.shape)))
         scale = scale.repeat_interleave(group_size, 0)[:k]
         offset = None if offset is None else offset.repeat_interleave(group_size, 0)[:k]
     else:
-        check(scale.numel() in (1, n), op, "antiquant_scale must have 1 or n=%d elements, got %s"
-              % (n, tuple(scale.shape)))
+        check(scale.numel() in (1, n), op, "antiquant_scale must have 1 or n=%d elements, got %s",
+              (n, tuple(scale.shape)))
         scale = scale.reshape(1, -1)
         offset = None if offset is None else offset.reshape(1, -1)
     if offset is not None:
@@ -106,8 +106,8 @@ def npu_mm_all_reduce_base(x1, x2, hcom, *, reduce_op="sum", bias=None, antiquan
     hardware. Full quantisation (int8 x1, dequant/pertoken scales) and comm quantisation raise
     NotImplementedError."""
     op = "npu_mm_all_reduce_base"
-    check(reduce_op == "sum", op, "reduce_op must be 'sum', got %r" % (reduce_op,))
-    check(comm_turn == 0, op, "comm_turn must be 0, got %d" % comm_turn)
+    check(reduce_op == "sum", op, "reduce_op must be 'sum', got %r", (reduce_op,))
+    check(comm_turn == 0, op, "comm_turn must be 0, got %d", comm_turn)
     for name, v in (("dequant_scale", dequant_scale), ("pertoken_scale", pertoken_scale),
                     ("comm_quant_scale_1", comm_quant_scale_1), ("comm_quant_scale_2", comm_quant_scale_2),
                     ("group_sizes", group_sizes), ("y_dtype", y_dtype), ("x1_dtype", x1_dtype),
@@ -116,9 +116,9 @@ def npu_mm_all_reduce_base(x1, x2, hcom, *, reduce_op="sum", bias=None, antiquan
             unsupported(op, name)
     if comm_quant_mode:
         unsupported(op, "comm_quant_mode=%d" % comm_quant_mode)
-    check(x1.dim() in (2, 3), op, "x1 must be 2-D or 3-D, got %s" % (tuple(x1.shape),))
+    check(x1.dim() in (2, 3), op, "x1 must be 2-D or 3-D, got %s", (tuple(x1.shape),))
     if antiquant_scale is not None:
-        check(x2.dtype == torch.int8, op, "antiquant_scale needs an int8 x2, got %s" % x2.dtype)
+        check(x2.dtype == torch.int8, op, "antiquant_scale needs an int8 x2, got %s", x2.dtype)
         check(x3 is None, op, "x3 is not supported with weight-only quantisation")
         weight = _antiquant(op, x2, antiquant_scale, antiquant_offset, antiquant_group_size, x1.dtype)
     else:
@@ -129,8 +129,8 @@ def npu_mm_all_reduce_base(x1, x2, hcom, *, reduce_op="sum", bias=None, antiquan
         check(bias.dim() == 1 and bias.numel() == weight.size(1), op, "bias must be (n,)")
         out = out + bias
     if x3 is not None:
-        check(tuple(x3.shape) == tuple(out.shape), op, "x3 must have the output shape %s, got %s"
-              % (tuple(out.shape), tuple(x3.shape)))
+        check(tuple(x3.shape) == tuple(out.shape), op, "x3 must have the output shape %s, got %s",
+              (tuple(out.shape), tuple(x3.shape)))
         out = out + x3
     group = _group(op, hcom)
     if group is not None and _exchange_runs(op, out):
@@ -148,15 +148,15 @@ def npu_mm_reduce_scatter_base(self, x2, hcom, world_size, *, reduce_op="sum", b
     (m / world_size, n). Quantised inputs (``x1_scale``/``x2_scale``) raise NotImplementedError."""
     op = "npu_mm_reduce_scatter_base"
     x1 = self
-    check(reduce_op == "sum", op, "reduce_op must be 'sum', got %r" % (reduce_op,))
-    check(comm_turn == 0, op, "comm_turn must be 0, got %d" % comm_turn)
+    check(reduce_op == "sum", op, "reduce_op must be 'sum', got %r", (reduce_op,))
+    check(comm_turn == 0, op, "comm_turn must be 0, got %d", comm_turn)
     for name, v in (("x1_scale", x1_scale), ("x2_scale", x2_scale), ("output_dtype", output_dtype)):
         if v is not None:
             unsupported(op, name)
-    check(x1.dim() == 2, op, "x1 must be 2-D (m, k), got %s" % (tuple(x1.shape),))
+    check(x1.dim() == 2, op, "x1 must be 2-D (m, k), got %s", (tuple(x1.shape),))
     _check_float_mm(op, x1, x2)
     check(world_size >= 1 and x1.size(0) % world_size == 0, op,
-          "m=%d must be divisible by world_size=%d" % (x1.size(0), world_size))
+          "m=%d must be divisible by world_size=%d", (x1.size(0), world_size))
     group = _world(op, hcom, world_size)
     out = torch.matmul(x1, x2)
     if bias is not None:
@@ -182,12 +182,12 @@ def npu_all_gather_base_mm(self, x2, hcom, world_size, *, bias=None, x1_scale=No
     Quantised inputs (``x1_scale``/``x2_scale``) raise NotImplementedError."""
     op = "npu_all_gather_base_mm"
     x1 = self
-    check(gather_index == 0, op, "gather_index must be 0, got %d" % gather_index)
-    check(comm_turn == 0, op, "comm_turn must be 0, got %d" % comm_turn)
+    check(gather_index == 0, op, "gather_index must be 0, got %d", gather_index)
+    check(comm_turn == 0, op, "comm_turn must be 0, got %d", comm_turn)
     for name, v in (("x1_scale", x1_scale), ("x2_scale", x2_scale), ("output_dtype", output_dtype)):
         if v is not None:
             unsupported(op, name)
-    check(x1.dim() == 2, op, "x1 must be 2-D (m, k), got %s" % (tuple(x1.shape),))
+    check(x1.dim() == 2, op, "x1 must be 2-D (m, k), got %s", (tuple(x1.shape),))
     _check_float_mm(op, x1, x2)
     group = _world(op, hcom, world_size)
     if group is None:

@@ -36,7 +36,7 @@ def _zeros_like_stride(stride):
 def npu_conv2d(input, weight, bias, stride, padding, dilation, groups):
     """2-D convolution, as ``torch.nn.functional.conv2d(input, weight, bias, stride, padding,
     dilation, groups)``."""
-    check(input.dim() in (3, 4), "npu_conv2d", "input must be 3-D or 4-D, got %d-D" % input.dim())
+    check(input.dim() in (3, 4), "npu_conv2d", "input must be 3-D or 4-D, got %d-D", input.dim())
     return _conv(input, weight, bias, stride, padding, dilation, False, _zeros_like_stride(stride), groups)
 
 
@@ -59,7 +59,7 @@ def npu_convolution(input, weight, bias, stride, padding, dilation, groups):
 def npu_conv_transpose2d(input, weight, bias, padding, output_padding, stride, dilation, groups):
     """2-D transposed convolution, as ``torch.nn.functional.conv_transpose2d(input, weight, bias,
     stride, padding, output_padding, groups, dilation)``."""
-    check(input.dim() in (3, 4), "npu_conv_transpose2d", "input must be 3-D or 4-D, got %d-D" % input.dim())
+    check(input.dim() in (3, 4), "npu_conv_transpose2d", "input must be 3-D or 4-D, got %d-D", input.dim())
     return _conv(input, weight, bias, stride, padding, dilation, True, output_padding, groups)
 
 
@@ -99,7 +99,7 @@ def npu_conv2d_backward(input, grad_output, weight, stride, padding, dilation, g
 @impl("npu_conv3d_backward")
 def npu_conv3d_backward(input, grad, weight, stride, padding, dilation, groups, output_mask):
     """``(grad_input, grad_weight, grad_bias)`` of a 3-D convolution per ``output_mask``."""
-    check(input.dim() == 5, "npu_conv3d_backward", "input must be 5-D (N, C, D, H, W), got %d-D" % input.dim())
+    check(input.dim() == 5, "npu_conv3d_backward", "input must be 5-D (N, C, D, H, W), got %d-D", input.dim())
     return npu_convolution_backward(input, grad, weight, stride, padding, dilation, groups, output_mask)
 
 
@@ -124,7 +124,7 @@ def npu_conv_transpose3d_backward(input, grad_output, weight, padding, output_pa
                                   output_mask):
     """``(grad_input, grad_weight, grad_bias)`` of a 3-D transposed convolution per mask."""
     check(input.dim() == 5, "npu_conv_transpose3d_backward",
-          "input must be 5-D (N, C, D, H, W), got %d-D" % input.dim())
+          "input must be 5-D (N, C, D, H, W), got %d-D", input.dim())
     return _conv_backward(grad_output, input, weight, stride, padding, dilation, True, output_padding, groups,
                           output_mask)
 
@@ -133,7 +133,7 @@ def npu_conv_transpose3d_backward(input, grad_output, weight, padding, output_pa
 def slow_conv_dilated2d_backward(grad_output, self, weight, kernel_size, stride, padding, dilation, output_mask):
     """``(grad_input, grad_weight, grad_bias)`` of a dilated 2-D convolution (groups = 1)."""
     check(list(weight.shape[2:]) == list(kernel_size), "slow_conv_dilated2d_backward",
-          "kernel_size %s must match weight %s" % (list(kernel_size), tuple(weight.shape)))
+          "kernel_size %s must match weight %s", (list(kernel_size), tuple(weight.shape)))
     return _conv_backward(grad_output, self, weight, stride, padding, dilation, False, [0, 0], 1, output_mask)
 
 
@@ -142,7 +142,7 @@ def slow_conv_transpose2d_backward(grad_output, self, weight, kernel_size, strid
                                    dilation, output_mask):
     """``(grad_input, grad_weight, grad_bias)`` of a 2-D transposed convolution (groups = 1)."""
     check(list(weight.shape[2:]) == list(kernel_size), "slow_conv_transpose2d_backward",
-          "kernel_size %s must match weight %s" % (list(kernel_size), tuple(weight.shape)))
+          "kernel_size %s must match weight %s", (list(kernel_size), tuple(weight.shape)))
     return _conv_backward(grad_output, self, weight, stride, padding, dilation, True, output_padding, 1,
                           output_mask)
 
@@ -153,9 +153,9 @@ def _conv_depthwise2d_backward(grad_output, self, weight, kernel_size, stride, p
     weight ``[C * multiplier, 1, kh, kw]``) per the two-element ``output_mask``."""
     op = "_conv_depthwise2d_backward"
     check(self.dim() == 4 and weight.dim() == 4 and weight.shape[1] == 1, op,
-          "input must be 4-D and weight [C*m, 1, kh, kw], got %s and %s" % (tuple(self.shape), tuple(weight.shape)))
+          "input must be 4-D and weight [C*m, 1, kh, kw], got %s and %s", (tuple(self.shape), tuple(weight.shape)))
     check(list(weight.shape[2:]) == list(kernel_size), op,
-          "kernel_size %s must match weight %s" % (list(kernel_size), tuple(weight.shape)))
+          "kernel_size %s must match weight %s", (list(kernel_size), tuple(weight.shape)))
     g_in, g_w, _ = _conv_backward(grad_output, self, weight, stride, padding, dilation, False, [0, 0],
                                   self.shape[1], [output_mask[0], output_mask[1], False])
     return g_in, g_w
@@ -172,7 +172,7 @@ def _conv_depthwise2d_backward(grad_output, self, weight, kernel_size, stride, p
 
 def _conv3d(op, input, weight, bias, stride, padding, dilation, groups):
     check(input.dim() == 5 and weight.dim() == 5, op, "input (N, C, D, H, W) and weight (O, C/groups, kD, kH, kW) "
-          "must be 5-D, got %s and %s" % (tuple(input.shape), tuple(weight.shape)))
+          "must be 5-D, got %s and %s", (tuple(input.shape), tuple(weight.shape)))
     return F.conv3d(input, weight, bias, list(stride), list(padding), list(dilation), groups)
 
 

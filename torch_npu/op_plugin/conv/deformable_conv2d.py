@@ -48,37 +48,37 @@ def _geometry(op, input, weight, offset, kernel_size, stride, padding, dilation,
     check(modulated, op, "modulated=False (DCNv1) is not supported: the NPU kernel supports only "
                          "modulated=True (v2), whose offset carries x, y and mask")
     for name, t in (("input", input), ("weight", weight), ("offset", offset)):
-        check(t.dim() == 4, op, "%s must be 4-D (NCHW), got %d-D" % (name, t.dim()))
-        check(t.dtype in _FLOATS, op, "%s must be float16, bfloat16, float32 (or float64), got %s" % (name, t.dtype))
+        check(t.dim() == 4, op, "%s must be 4-D (NCHW), got %d-D", (name, t.dim()))
+        check(t.dtype in _FLOATS, op, "%s must be float16, bfloat16, float32 (or float64), got %s", (name, t.dtype))
     check(len(kernel_size) == 2 and all(k > 0 for k in kernel_size), op,
-          "kernel_size must be 2 positive ints [kh, kw], got %s" % (list(kernel_size),))
+          "kernel_size must be 2 positive ints [kh, kw], got %s", (list(kernel_size),))
     check(len(stride) == 4 and stride[0] == 1 and stride[1] == 1 and stride[2] > 0 and stride[3] > 0, op,
-          "stride must be [1, 1, stride_h, stride_w] with positive strides, got %s" % (list(stride),))
+          "stride must be [1, 1, stride_h, stride_w] with positive strides, got %s", (list(stride),))
     check(len(padding) == 4 and all(p >= 0 for p in padding), op,
-          "padding must be 4 non-negative ints [top, bottom, left, right], got %s" % (list(padding),))
+          "padding must be 4 non-negative ints [top, bottom, left, right], got %s", (list(padding),))
     check(len(dilation) == 4 and dilation[0] == 1 and dilation[1] == 1 and dilation[2] > 0 and dilation[3] > 0,
-          op, "dilation must be [1, 1, dilation_h, dilation_w] with positive values, got %s" % (list(dilation),))
+          op, "dilation must be [1, 1, dilation_h, dilation_w] with positive values, got %s", (list(dilation),))
     n, c, h, w = input.shape
     cout, cin_per_group, kh, kw = weight.shape
     check([kh, kw] == list(kernel_size), op,
           "kernel_size %s must equal the weight's spatial size [kh, kw] = [%d, %d] (the columns are "
-          "convolved with stride kernel_size)" % (list(kernel_size), kh, kw))
+          "convolved with stride kernel_size)", (list(kernel_size), kh, kw))
     check(groups > 0 and c % groups == 0 and cout % groups == 0, op,
-          "groups=%d must divide in_channels=%d and out_channels=%d" % (groups, c, cout))
+          "groups=%d must divide in_channels=%d and out_channels=%d", (groups, c, cout))
     check(cin_per_group == c // groups, op,
-          "weight must be [out_channels, in_channels / groups = %d, kh, kw], got %s"
-          % (c // groups, tuple(weight.shape)))
+          "weight must be [out_channels, in_channels / groups = %d, kh, kw], got %s",
+          (c // groups, tuple(weight.shape)))
     dg = deformable_groups
-    check(dg > 0 and c % dg == 0, op, "deformable_groups=%d must divide in_channels=%d" % (dg, c))
+    check(dg > 0 and c % dg == 0, op, "deformable_groups=%d must divide in_channels=%d", (dg, c))
     sh, sw, dh, dw = stride[2], stride[3], dilation[2], dilation[3]
     ho = (h + padding[0] + padding[1] - ((kh - 1) * dh + 1)) // sh + 1
     wo = (w + padding[2] + padding[3] - ((kw - 1) * dw + 1)) // sw + 1
-    check(ho > 0 and wo > 0, op, "the input %s is too small for the kernel, padding and dilation (output %dx%d)"
-          % (tuple(input.shape), ho, wo))
+    check(ho > 0 and wo > 0, op, "the input %s is too small for the kernel, padding and dilation (output %dx%d)",
+          (tuple(input.shape), ho, wo))
     expected = (n, 3 * dg * kh * kw, ho, wo)
     check(tuple(offset.shape) == expected, op,
-          "offset must be [N, 3 * deformable_groups * kh * kw, Ho, Wo] = %s, got %s"
-          % (list(expected), tuple(offset.shape)))
+          "offset must be [N, 3 * deformable_groups * kh * kw, Ho, Wo] = %s, got %s",
+          (list(expected), tuple(offset.shape)))
     return _Geometry(n, c, h, w, kh, kw, sh, sw, padding[0], padding[2], dh, dw, ho, wo, dg, groups, cout)
 
 
@@ -168,7 +168,7 @@ def npu_deformable_conv2d(input, weight, offset, bias, kernel_size, stride, padd
                   modulated)
     if bias is not None:
         check(bias.dim() == 1 and bias.shape[0] == g.cout, op,
-              "bias must be 1-D [out_channels=%d], got %s" % (g.cout, tuple(bias.shape)))
+              "bias must be 1-D [out_channels=%d], got %s", (g.cout, tuple(bias.shape)))
     dtype = _compute_dtype(input)
     columns = _deformed_columns(g, input.to(dtype), offset.to(dtype))
     output = torch.nn.functional.conv2d(columns, weight.to(dtype), None if bias is None else bias.to(dtype),
@@ -187,10 +187,10 @@ def npu_deformable_conv2dbk(input, grad_output, offset_out, weight, offset, kern
                   modulated)
     columns_shape = (g.n, g.c, g.ho * g.kh, g.wo * g.kw)
     check(tuple(offset_out.shape) == columns_shape, op,
-          "offset_out must be [N, C, Ho*kh, Wo*kw] = %s, got %s" % (list(columns_shape), tuple(offset_out.shape)))
+          "offset_out must be [N, C, Ho*kh, Wo*kw] = %s, got %s", (list(columns_shape), tuple(offset_out.shape)))
     out_shape = (g.n, g.cout, g.ho, g.wo)
     check(tuple(grad_output.shape) == out_shape, op,
-          "grad_output must be [N, Cout, Ho, Wo] = %s, got %s" % (list(out_shape), tuple(grad_output.shape)))
+          "grad_output must be [N, Cout, Ho, Wo] = %s, got %s", (list(out_shape), tuple(grad_output.shape)))
     dtype = _compute_dtype(input)
     grad_columns, grad_weight, grad_bias = torch.ops.aten.convolution_backward(
         grad_output.to(dtype), offset_out.to(dtype), weight.to(dtype), [g.cout], [g.kh, g.kw], [0, 0], [1, 1],

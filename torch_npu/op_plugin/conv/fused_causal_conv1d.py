@@ -48,9 +48,9 @@ def _host_ints(t):
 def _check_index_tensor(op, name, t, shape):
     if t is None:
         return
-    check(t.dtype == torch.int32, op, "%s must be int32, got %s" % (name, t.dtype))
-    check(tuple(t.shape) == tuple(shape), op, "%s must have shape %s, got %s"
-          % (name, list(shape), list(t.shape)))
+    check(t.dtype == torch.int32, op, "%s must be int32, got %s", (name, t.dtype))
+    check(tuple(t.shape) == tuple(shape), op, "%s must have shape %s, got %s",
+          (name, list(shape), list(t.shape)))
 
 
 def _check_static(op, x, weight, conv_states, query_start_loc, cache_indices, initial_state_mode, bias,
@@ -60,35 +60,35 @@ def _check_static(op, x, weight, conv_states, query_start_loc, cache_indices, in
     if conv_mode not in _CONV_MODES:
         raise NotImplementedError("%s: conv_mode=%r is not emulated (documented: 'default', 'pangu')"
                                   % (op, conv_mode))
-    check(activation in _ACTIVATIONS, op, "activation must be 'None', 'silu' or 'swish', got %r" % (activation,))
-    check(residual_connection in (0, 1), op, "residual_connection must be 0 or 1, got %r" % (residual_connection,))
-    check(x.dim() in (2, 3), op, "x must be 2-D [cu_seq_len, dim] or 3-D [batch, seq_len, dim], got %d-D"
-          % x.dim())
-    check(x.dtype in _DTYPES, op, "x must be float16 or bfloat16 (float32 also emulated), got %s" % x.dtype)
+    check(activation in _ACTIVATIONS, op, "activation must be 'None', 'silu' or 'swish', got %r", (activation,))
+    check(residual_connection in (0, 1), op, "residual_connection must be 0 or 1, got %r", (residual_connection,))
+    check(x.dim() in (2, 3), op, "x must be 2-D [cu_seq_len, dim] or 3-D [batch, seq_len, dim], got %d-D",
+          x.dim())
+    check(x.dtype in _DTYPES, op, "x must be float16 or bfloat16 (float32 also emulated), got %s", x.dtype)
     dim = x.shape[-1]
     check(64 <= dim <= 16384 and dim % 16 == 0, op,
-          "dim (last dim of x) must be a multiple of 16 in [64, 16384], got %d" % dim)
+          "dim (last dim of x) must be a multiple of 16 in [64, 16384], got %d", dim)
     check(weight.dim() == 2 and weight.shape[0] == WIDTH and weight.shape[1] == dim, op,
-          "weight must be [K=3, dim=%d], got %s" % (dim, list(weight.shape)))
+          "weight must be [K=3, dim=%d], got %s", (dim, list(weight.shape)))
     check(conv_states.dim() == 3 and conv_states.shape[1] >= WIDTH - 1 and conv_states.shape[2] == dim, op,
-          "conv_states must be [num_slots, state_len >= K-1 = 2, dim=%d], got %s" % (dim, list(conv_states.shape)))
+          "conv_states must be [num_slots, state_len >= K-1 = 2, dim=%d], got %s", (dim, list(conv_states.shape)))
     check(weight.dtype == x.dtype and conv_states.dtype == x.dtype, op,
-          "weight and conv_states must have x's dtype %s, got %s and %s" % (x.dtype, weight.dtype, conv_states.dtype))
+          "weight and conv_states must have x's dtype %s, got %s and %s", (x.dtype, weight.dtype, conv_states.dtype))
     if x.dim() == 3:
         batch = x.shape[0]
         check(conv_states.shape[1] >= WIDTH - 2 + x.shape[1], op,
-              "conv_states.shape[1] must be >= K-1 + seq_len-1 = %d for 3-D x, got %d"
-              % (WIDTH - 2 + x.shape[1], conv_states.shape[1]))
+              "conv_states.shape[1] must be >= K-1 + seq_len-1 = %d for 3-D x, got %d",
+              (WIDTH - 2 + x.shape[1], conv_states.shape[1]))
         check(x.shape[1] >= 1, op, "x must have at least one token per sequence")
     else:
         check(query_start_loc is not None, op, "query_start_loc is required when x is 2-D")
         check(query_start_loc.dim() == 1 and query_start_loc.shape[0] >= 2, op,
-              "query_start_loc must be 1-D [batch+1], got %s" % list(query_start_loc.shape))
+              "query_start_loc must be 1-D [batch+1], got %s", list(query_start_loc.shape))
         batch = query_start_loc.shape[0] - 1
     if query_start_loc is not None:
-        check(query_start_loc.dtype == torch.int32, op, "query_start_loc must be int32, got %s"
-              % query_start_loc.dtype)
-    check(1 <= batch <= 256, op, "batch must be in [1, 256], got %d" % batch)
+        check(query_start_loc.dtype == torch.int32, op, "query_start_loc must be int32, got %s",
+              query_start_loc.dtype)
+    check(1 <= batch <= 256, op, "batch must be in [1, 256], got %d", batch)
     apc = any(t is not None for t in (block_first, block_last, initial_state_idx)) or (
         cache_indices is not None and cache_indices.dim() == 2)
     if apc:
@@ -96,10 +96,10 @@ def _check_static(op, x, weight, conv_states, query_start_loc, cache_indices, in
                         ("block_idx_last_scheduled_token", block_last),
                         ("initial_state_idx", initial_state_idx), ("num_computed_tokens", num_computed_tokens),
                         ("cache_indices", cache_indices)):
-            check(t is not None, op, "%s is required when prefix caching (APC) is enabled" % name)
+            check(t is not None, op, "%s is required when prefix caching (APC) is enabled", name)
         check(cache_indices.dim() == 2 and cache_indices.shape[0] == batch, op,
-              "cache_indices must be [batch=%d, max_num_blocks] with APC, got %s" % (batch, list(cache_indices.shape)))
-        check(block_size >= 2, op, "block_size must be >= 2 with APC, got %r" % (block_size,))
+              "cache_indices must be [batch=%d, max_num_blocks] with APC, got %s", (batch, list(cache_indices.shape)))
+        check(block_size >= 2, op, "block_size must be >= 2 with APC, got %r", (block_size,))
         _check_index_tensor(op, "cache_indices", cache_indices, cache_indices.shape)
     else:
         _check_index_tensor(op, "cache_indices", cache_indices, (batch,))
@@ -111,8 +111,8 @@ def _check_static(op, x, weight, conv_states, query_start_loc, cache_indices, in
         _check_index_tensor(op, name, t, (batch,))
     if bias is not None:
         check(tuple(bias.shape) == (dim,) and bias.dtype == x.dtype, op,
-              "bias must be [dim=%d] of x's dtype, got %s %s" % (dim, list(bias.shape), bias.dtype))
-    check(max_query_len == -1 or max_query_len >= 1, op, "max_query_len must be -1 or >= 1, got %r" % (max_query_len,))
+              "bias must be [dim=%d] of x's dtype, got %s %s", (dim, list(bias.shape), bias.dtype))
+    check(max_query_len == -1 or max_query_len >= 1, op, "max_query_len must be -1 or >= 1, got %r", (max_query_len,))
     return batch, apc
 
 
@@ -126,13 +126,13 @@ def _validate_values(op, x, batch, conv_states, apc, query_start_loc, cache_indi
     else:
         starts = _host_ints(query_start_loc)
         check(starts[0] >= 0 and starts[-1] <= x.shape[0], op,
-              "query_start_loc values must be in [0, cu_seq_len=%d], got %s" % (x.shape[0], starts))
+              "query_start_loc values must be in [0, cu_seq_len=%d], got %s", (x.shape[0], starts))
         check(all(a < b for a, b in zip(starts, starts[1:])), op,
-              "query_start_loc must be strictly increasing (every sequence has a token), got %s" % starts)
+              "query_start_loc must be strictly increasing (every sequence has a token), got %s", starts)
         lengths = [b - a for a, b in zip(starts, starts[1:])]
         if max_query_len >= 1:
-            check(max(lengths) <= max_query_len, op, "a sequence has %d tokens, more than max_query_len=%d"
-                  % (max(lengths), max_query_len))
+            check(max(lengths) <= max_query_len, op, "a sequence has %d tokens, more than max_query_len=%d",
+                  (max(lengths), max_query_len))
     num_slots, state_len = conv_states.shape[0], conv_states.shape[1]
     lines = _host_ints(cache_indices) if cache_indices is not None else None
     nat = _host_ints(num_accepted_tokens) if num_accepted_tokens is not None else None
@@ -146,8 +146,8 @@ def _validate_values(op, x, batch, conv_states, apc, query_start_loc, cache_indi
         if apc:
             check(0 <= first[b] <= last[b] < width and 0 <= init[b] <= min(first[b] + 1, last[b]), op,
                   "sequence %d: need 0 <= initial_state_idx <= min(block_idx_first + 1, block_idx_last) and "
-                  "block_idx_first <= block_idx_last < max_num_blocks=%d; got %d, %d, %d"
-                  % (b, width, init[b], first[b], last[b]))
+                  "block_idx_first <= block_idx_last < max_num_blocks=%d; got %d, %d, %d",
+                  (b, width, init[b], first[b], last[b]))
             row = lines[b * width:(b + 1) * width]
             read, write = row[init[b]], row[last[b]]
             fills = row[first[b]:last[b]]
@@ -158,30 +158,30 @@ def _validate_values(op, x, batch, conv_states, apc, query_start_loc, cache_indi
         if read == pad_slot_id:
             continue
         for line in [read, write] + fills:
-            check(line != pad_slot_id, op, "sequence %d: a cache line it writes is pad_slot_id=%d" % (b, pad_slot_id))
-            check(0 <= line < num_slots, op, "sequence %d: cache line %d outside conv_states[0:%d]"
-                  % (b, line, num_slots))
+            check(line != pad_slot_id, op, "sequence %d: a cache line it writes is pad_slot_id=%d", (b, pad_slot_id))
+            check(0 <= line < num_slots, op, "sequence %d: cache line %d outside conv_states[0:%d]",
+                  (b, line, num_slots))
         for line in [write] + fills:  # one writer per line, and no other sequence reads it
             check(line not in writers and readers.get(line, {b}) == {b}, op, "cache line %d is used by two "
-                  "sequences or written twice (cache_indices must be distinct)" % line)
+                  "sequences or written twice (cache_indices must be distinct)", line)
             writers[line] = b
         check(writers.get(read, b) == b, op,
-              "cache line %d is read by sequence %d and written by another (cache_indices must be distinct)"
-              % (read, b))
+              "cache line %d is read by sequence %d and written by another (cache_indices must be distinct)",
+              (read, b))
         readers.setdefault(read, set()).add(b)  # shared reads (a common prefix block) are allowed
         if ncomp is not None:
-            check(ncomp[b] >= 0, op, "num_computed_tokens must be >= 0, got %d" % ncomp[b])
+            check(ncomp[b] >= 0, op, "num_computed_tokens must be >= 0, got %d", ncomp[b])
         if nat is not None and not (ncomp is not None and ncomp[b] == 0):
             check(1 <= nat[b] <= length and nat[b] - 1 + WIDTH - 1 <= state_len, op,
                   "sequence %d: num_accepted_tokens=%d must be in [1, %d] (its tokens) and leave K-1 rows of "
-                  "conv_states (state_len %d)" % (b, nat[b], length, state_len))
+                  "conv_states (state_len %d)", (b, nat[b], length, state_len))
         if fills:
             end_part = (length - (block_size - ncomp[b] % block_size)) % block_size
             last_full = length - end_part - (block_size if end_part == 0 else 0)
             boundaries = [last_full - (len(fills) - 1 - c) * block_size for c in range(len(fills))]
             check(all(0 < bnd <= length for bnd in boundaries), op,
-                  "sequence %d: block indices do not fit its %d tokens with num_computed_tokens=%d, block_size=%d"
-                  % (b, length, ncomp[b], block_size))
+                  "sequence %d: block indices do not fit its %d tokens with num_computed_tokens=%d, block_size=%d",
+                  (b, length, ncomp[b], block_size))
 
 
 def _compute(x, weight, conv_states, batch, apc, query_start_loc, cache_indices, pad_slot_id, num_accepted_tokens,

@@ -23,14 +23,14 @@ def npu_masked_causal_conv1d(input, weight, *, mask=None):
     """Causal depthwise conv of ``input`` [S, B, H] with ``weight`` [3, H]; rows with
     ``mask[b, s]`` False are zero. Returns [S, B, H] in the input dtype."""
     op = "npu_masked_causal_conv1d"
-    check(input.dim() == 3, op, "input must be 3-D [S, B, H], got %d-D" % input.dim())
+    check(input.dim() == 3, op, "input must be 3-D [S, B, H], got %d-D", input.dim())
     check(weight.dim() == 2 and weight.shape[0] == 3 and weight.shape[1] == input.shape[2], op,
-          "weight must be [W=3, H=%d], got %s" % (input.shape[2], tuple(weight.shape)))
-    check(weight.dtype == input.dtype, op, "weight dtype %s must match input dtype %s" % (weight.dtype, input.dtype))
+          "weight must be [W=3, H=%d], got %s", (input.shape[2], tuple(weight.shape)))
+    check(weight.dtype == input.dtype, op, "weight dtype %s must match input dtype %s", (weight.dtype, input.dtype))
     s, b = input.shape[0], input.shape[1]
     if mask is not None:
         check(mask.dtype == torch.bool and tuple(mask.shape) == (b, s), op,
-              "mask must be bool [B=%d, S=%d], got %s %s" % (b, s, mask.dtype, tuple(mask.shape)))
+              "mask must be bool [B=%d, S=%d], got %s %s", (b, s, mask.dtype, tuple(mask.shape)))
     width = weight.shape[0]
     x, w = acc(input), acc(weight)
     padded = torch.nn.functional.pad(x, (0, 0, 0, 0, width - 1, 0))  # W-1 zeros before s = 0
@@ -47,16 +47,16 @@ def npu_masked_causal_conv1d_backward(grad_output, input, weight, *, mask=None):
     """Gradients (grad_input [S, B, H] in input's dtype, grad_weight [W, H] in weight's dtype) of
     output[s] = sum_k weight[k] * input[s - (W-1-k)] (zeros before s = 0), rows with mask False zero."""
     op = "npu_masked_causal_conv1d_backward"
-    check(input.dim() == 3, op, "input must be 3-D [S, B, H], got %d-D" % input.dim())
+    check(input.dim() == 3, op, "input must be 3-D [S, B, H], got %d-D", input.dim())
     check(weight.dim() == 2 and weight.shape[0] == 3 and weight.shape[1] == input.shape[2], op,
-          "weight must be [W=3, H=%d], got %s" % (input.shape[2], tuple(weight.shape)))
-    check(tuple(grad_output.shape) == tuple(input.shape), op, "grad_output shape %s must equal input shape %s"
-          % (tuple(grad_output.shape), tuple(input.shape)))
+          "weight must be [W=3, H=%d], got %s", (input.shape[2], tuple(weight.shape)))
+    check(tuple(grad_output.shape) == tuple(input.shape), op, "grad_output shape %s must equal input shape %s",
+          (tuple(grad_output.shape), tuple(input.shape)))
     s, b = input.shape[0], input.shape[1]
     g = acc(grad_output)
     if mask is not None:
         check(mask.dtype == torch.bool and tuple(mask.shape) == (b, s), op,
-              "mask must be bool [B=%d, S=%d], got %s %s" % (b, s, mask.dtype, tuple(mask.shape)))
+              "mask must be bool [B=%d, S=%d], got %s %s", (b, s, mask.dtype, tuple(mask.shape)))
         g = g.masked_fill(~mask.t().unsqueeze(-1), 0)
     width = weight.shape[0]
     x, w = acc(input), acc(weight)

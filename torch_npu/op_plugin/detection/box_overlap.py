@@ -38,11 +38,11 @@ def _terms(op, boxes, gtboxes, trans, is_cross, mode):
     (w, h), broadcast to (1, N) (aligned) or (M, N) (cross: row m is gtboxes[:, m])."""
     if mode != 0:
         unsupported(op, "mode=%r (only mode=0 'iou')" % (mode,))
-    check(boxes.dim() == 2 and boxes.size(0) == 4, op, "self must be (4, N), got %s" % (tuple(boxes.shape),))
-    check(gtboxes.dim() == 2 and gtboxes.size(0) == 4, op, "gtboxes must be (4, M), got %s" % (tuple(gtboxes.shape),))
+    check(boxes.dim() == 2 and boxes.size(0) == 4, op, "self must be (4, N), got %s", (tuple(boxes.shape),))
+    check(gtboxes.dim() == 2 and gtboxes.size(0) == 4, op, "gtboxes must be (4, M), got %s", (tuple(gtboxes.shape),))
     if not is_cross:
-        check(gtboxes.size(1) == boxes.size(1), op, "gtboxes must have the N=%d boxes of self, got %d"
-              % (boxes.size(1), gtboxes.size(1)))
+        check(gtboxes.size(1) == boxes.size(1), op, "gtboxes must have the N=%d boxes of self, got %d",
+              (boxes.size(1), gtboxes.size(1)))
     ax1, ay1, ax2, ay2 = (c.unsqueeze(0) for c in _corners(boxes, trans))          # (1, N)
     bx1, by1, bx2, by2 = (c.to(ax1.dtype).unsqueeze(1 if is_cross else 0)       # (M, 1) or (1, N)
                           for c in _corners(gtboxes, trans))
@@ -94,8 +94,8 @@ def _overlap_vjp(op, forward, grad, bboxes, gtboxes, *args):
         b = bboxes.detach().to(compute).requires_grad_(True)
         g = gtboxes.detach().to(compute).requires_grad_(True)
         overlap = forward(b, g, *args)
-        check(grad.numel() == overlap.numel(), op, "grad must hold one value per overlap (%d), got shape %s"
-              % (overlap.numel(), tuple(grad.shape)))
+        check(grad.numel() == overlap.numel(), op, "grad must hold one value per overlap (%d), got shape %s",
+              (overlap.numel(), tuple(grad.shape)))
         db, dg = torch.autograd.grad(overlap, (b, g), grad.detach().to(overlap.dtype).reshape(overlap.shape))
     out = _box_grad_dtype(bboxes, gtboxes)
     return db.to(out), dg.to(out)
@@ -109,7 +109,7 @@ def npu_diou_backward(grad, bboxes, gtboxes, trans=False, is_cross=False, mode=0
 
 def _check_ciou_dtypes(op, *boxes):
     for t in boxes:
-        check(t.dtype in _CODER_DTYPES, op, "boxes must be float16 or float32, got %s" % (t.dtype,))
+        check(t.dtype in _CODER_DTYPES, op, "boxes must be float16 or float32, got %s", (t.dtype,))
 
 
 def _ciou_parts(op, boxes, gtboxes, trans, is_cross, mode):
@@ -157,8 +157,8 @@ def npu_ciou_backward(grad, bboxes, gtboxes, atan_sub, trans=False, is_cross=Tru
         unsupported(op, "mode=%r (the CIoU backward is documented for mode=0 'iou' only)" % (mode,))
     check(atan_sub is not None, op, "atan_sub (the second output of _npu_ciou) is required")
     _check_ciou_dtypes(op, bboxes, gtboxes)
-    check(atan_sub.numel() == bboxes.size(-1), op, "atan_sub must hold one value per box (%d), got shape %s"
-          % (bboxes.size(-1), tuple(atan_sub.shape)))
+    check(atan_sub.numel() == bboxes.size(-1), op, "atan_sub must hold one value per box (%d), got shape %s",
+          (bboxes.size(-1), tuple(atan_sub.shape)))
 
     def overlap(b, g):
         diou, iou, formula = _ciou_parts(op, b, g, trans, is_cross, mode)

@@ -29,15 +29,15 @@ def npu_grid_assign_positive(self, overlaps, box_responsible_flags, max_overlaps
                              gt_max_assign_all):
     """Assigned gt index per box (1-based, ``self``'s value where nothing is assigned), (n,)."""
     op = "npu_grid_assign_positive"
-    check(self.dim() == 1, op, "self must be 1-D (n,), got %s" % (tuple(self.shape),))
+    check(self.dim() == 1, op, "self must be 1-D (n,), got %s", (tuple(self.shape),))
     n = self.size(0)
     check(overlaps.dim() == 2 and overlaps.size(1) == n, op,
-          "overlaps must be (k, %d), got %s" % (n, tuple(overlaps.shape)))
+          "overlaps must be (k, %d), got %s", (n, tuple(overlaps.shape)))
     k = overlaps.size(0)
     for name, t, size in (("box_responsible_flags", box_responsible_flags, n), ("max_overlaps", max_overlaps, n),
                           ("argmax_overlaps", argmax_overlaps, n), ("gt_max_overlaps", gt_max_overlaps, k),
                           ("gt_argmax_overlaps", gt_argmax_overlaps, k)):
-        check(t.dim() == 1 and t.size(0) == size, op, "%s must be (%d,), got %s" % (name, size, tuple(t.shape)))
+        check(t.dim() == 1 and t.size(0) == size, op, "%s must be (%d,), got %s", (name, size, tuple(t.shape)))
     responsible = box_responsible_flags.to(torch.bool)
     pos = (max_overlaps > pos_iou_thr) & responsible
     out = torch.where(pos, (argmax_overlaps + 1).to(self.dtype), self)

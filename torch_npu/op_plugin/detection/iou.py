@@ -17,8 +17,8 @@ _IOU_EPS = 0.01  # offset the Iou kernel adds to box widths/heights in the areas
 
 
 def _iou(op, bboxes, gtboxes, mode):
-    check(bboxes.dim() == 2 and bboxes.size(-1) == 4, op, "bboxes must be (N, 4), got %s" % (tuple(bboxes.shape),))
-    check(gtboxes.dim() == 2 and gtboxes.size(-1) == 4, op, "gtboxes must be (M, 4), got %s" % (tuple(gtboxes.shape),))
+    check(bboxes.dim() == 2 and bboxes.size(-1) == 4, op, "bboxes must be (N, 4), got %s", (tuple(bboxes.shape),))
+    check(gtboxes.dim() == 2 and gtboxes.size(-1) == 4, op, "gtboxes must be (M, 4), got %s", (tuple(gtboxes.shape),))
     if mode not in (0, 1):
         unsupported(op, "mode=%r (only 0 'iou' and 1 'iof')" % (mode,))
     b = acc(bboxes)[None, :, :]   # (1, N, 4)
@@ -64,9 +64,9 @@ def npu_giou(self, gtboxes, trans=False, is_cross=False, mode=0):
         unsupported(op, "is_cross=True")
     if mode != 0:
         unsupported(op, "mode=%r (only mode=0 'iou')" % (mode,))
-    check(self.dim() == 2 and self.size(0) == 4, op, "self must be (4, N), got %s" % (tuple(self.shape),))
-    check(tuple(gtboxes.shape) == tuple(self.shape), op, "gtboxes must have the shape of self %s, got %s"
-          % (tuple(self.shape), tuple(gtboxes.shape)))
+    check(self.dim() == 2 and self.size(0) == 4, op, "self must be (4, N), got %s", (tuple(self.shape),))
+    check(tuple(gtboxes.shape) == tuple(self.shape), op, "gtboxes must have the shape of self %s, got %s",
+          (tuple(self.shape), tuple(gtboxes.shape)))
 
     def corners(t):
         t = acc(t)

@@ -57,10 +57,10 @@ def greedy_nms(boxes, scores, max_output, iou_threshold, score_threshold):
 
 def _check_nms_v4(self, scores, max_output_size):
     op = "npu_nms_v4"
-    check(self.dim() == 2 and self.size(1) == 4, op, "boxes must be (N, 4), got %s" % (tuple(self.shape),))
+    check(self.dim() == 2 and self.size(1) == 4, op, "boxes must be (N, 4), got %s", (tuple(self.shape),))
     check(scores.dim() == 1 and scores.size(0) == self.size(0), op, "scores must be (N,)")
     max_out = int(max_output_size)
-    check(max_out >= 0, op, "max_output_size must be >= 0, got %d" % max_out)
+    check(max_out >= 0, op, "max_output_size must be >= 0, got %d", max_out)
     return max_out
 
 
@@ -103,12 +103,12 @@ _EMPTY_AREA_EPS = 1e-14  # a box with area below this overlaps nothing
 
 def _check_nms_rotated(self, scores, max_output_size, mode):
     op = "npu_nms_rotated"
-    check(self.dim() == 2 and self.size(1) == 5, op, "dets must be (num_boxes, 5), got %s" % (tuple(self.shape),))
-    check(scores.dim() == 1 and scores.size(0) == self.size(0), op, "scores must be (num_boxes,) = (%d,), got %s"
-          % (self.size(0), tuple(scores.shape)))
+    check(self.dim() == 2 and self.size(1) == 5, op, "dets must be (num_boxes, 5), got %s", (tuple(self.shape),))
+    check(scores.dim() == 1 and scores.size(0) == self.size(0), op, "scores must be (num_boxes,) = (%d,), got %s",
+          (self.size(0), tuple(scores.shape)))
     check(self.is_floating_point() and scores.is_floating_point(), op, "dets and scores must be floating point")
-    check(mode in (0, 1), op, "mode must be 0 (x, y, w, h, angle) or 1 (x1, y1, x2, y2, angle), got %r" % (mode,))
-    check(max_output_size >= -1, op, "max_output_size must be -1 (no limit) or >= 0, got %d" % max_output_size)
+    check(mode in (0, 1), op, "mode must be 0 (x, y, w, h, angle) or 1 (x1, y1, x2, y2, angle), got %r", (mode,))
+    check(max_output_size >= -1, op, "max_output_size must be -1 (no limit) or >= 0, got %d", max_output_size)
 
 
 def _xywha(row, mode):
@@ -178,12 +178,12 @@ def _check_batch_nms(self, scores, max_size_per_class, max_total_size, change_co
         unsupported(op, "change_coordinate_frame=True")
     if transpose_box:
         unsupported(op, "transpose_box=True")
-    check(self.dim() == 4 and self.size(3) == 4, op, "boxes must be (B, N, q, 4), got %s" % (tuple(self.shape),))
+    check(self.dim() == 4 and self.size(3) == 4, op, "boxes must be (B, N, q, 4), got %s", (tuple(self.shape),))
     check(scores.dim() == 3 and scores.shape[:2] == self.shape[:2], op,
-          "scores must be (B, N, C) matching boxes %s, got %s" % (tuple(self.shape), tuple(scores.shape)))
+          "scores must be (B, N, C) matching boxes %s, got %s", (tuple(self.shape), tuple(scores.shape)))
     b, n, q, _ = self.shape
     c = scores.size(2)
-    check(q in (1, c), op, "boxes q must be 1 or num_classes=%d, got %d" % (c, q))
+    check(q in (1, c), op, "boxes q must be 1 or num_classes=%d, got %d", (c, q))
     total = int(max_total_size)
     per_class = int(max_size_per_class)
     check(total >= 0 and per_class >= 0, op, "max sizes must be >= 0")
@@ -238,7 +238,7 @@ def npu_batch_nms(self, scores, score_threshold, iou_threshold, max_size_per_cla
 
 def _check_nms_with_mask(input):
     check(input.dim() == 2 and input.size(1) >= 5, "npu_nms_with_mask",
-          "input must be (N, 5) or (N, 8) proposals, got %s" % (tuple(input.shape),))
+          "input must be (N, 5) or (N, 8) proposals, got %s", (tuple(input.shape),))
 
 
 def _nms_with_mask_fake(input, iou_threshold):

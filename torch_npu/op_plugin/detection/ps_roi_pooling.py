@@ -25,10 +25,10 @@ __all__ = []
 
 def _bins(op, rois, spatial_scale, group_size, output_dim, n, c, h, w):
     """Flat indices of the four summed-area-table corners of every bin, and the bin areas."""
-    check(rois.dim() == 3 and rois.size(1) == 5, op, "rois must be (B, 5, R), got %s" % (tuple(rois.shape),))
+    check(rois.dim() == 3 and rois.size(1) == 5, op, "rois must be (B, 5, R), got %s", (tuple(rois.shape),))
     check(group_size > 0 and output_dim > 0, op, "group_size and output_dim must be positive")
-    check(c == output_dim * group_size * group_size, op, "input channels must be output_dim * group_size^2 = %d, got %d"
-          % (output_dim * group_size * group_size, c))
+    check(c == output_dim * group_size * group_size, op, "input channels must be output_dim * group_size^2 = %d, got %d",
+          (output_dim * group_size * group_size, c))
     g = group_size
     r = rois.detach().transpose(1, 2).reshape(-1, 5)
     r = r.double() if r.dtype == torch.float64 else r.float()
@@ -76,8 +76,8 @@ def npu_ps_roi_pooling_backward(output_grad, rois, spatial_scale, group_size, ou
     op = "npu_ps_roi_pooling_backward"
     n, c, h, w = (int(s) for s in input_size)
     (i_ee, i_se, i_es, i_ss), area, shape = _bins(op, rois, spatial_scale, group_size, output_dim, n, c, h, w)
-    check(tuple(output_grad.shape) == tuple(shape), op, "output_grad must be %s, got %s"
-          % (tuple(shape), tuple(output_grad.shape)))
+    check(tuple(output_grad.shape) == tuple(shape), op, "output_grad must be %s, got %s",
+          (tuple(shape), tuple(output_grad.shape)))
     areaf = area.reshape(-1).double()
     gbin = torch.where(areaf > 0, output_grad.reshape(-1).double() / areaf.clamp_min(1), torch.zeros_like(areaf))
     d_sat = torch.zeros(n * c * (h + 1) * (w + 1), dtype=torch.float64, device=output_grad.device)

@@ -17,9 +17,9 @@ _MASK63 = (1 << 63) - 1
 
 def _check_args(x, count):
     op = "npu_random_choice_with_mask"
-    check(x.dtype == torch.bool, op, "x must be a bool tensor, got %s" % x.dtype)
-    check(1 <= x.dim() <= 5, op, "x must have rank 1 to 5, got %d" % x.dim())
-    check(count >= 0, op, "count must be >= 0, got %d" % count)
+    check(x.dtype == torch.bool, op, "x must be a bool tensor, got %s", x.dtype)
+    check(1 <= x.dim() <= 5, op, "x must have rank 1 to 5, got %d", x.dim())
+    check(count >= 0, op, "count must be >= 0, got %d", count)
 
 
 def _random_choice_fake(x, count=256, seed=0, seed2=0):

@@ -58,9 +58,9 @@ def _axis(start, size, pooled, grid, limit, device, dtype):
 
 def _check_args(self, rois, pooled_height, pooled_width, sample_num, roi_end_mode):
     op = "npu_roi_align"
-    check(self.dim() == 4, op, "features must be (B, C, H, W), got %s" % (tuple(self.shape),))
-    check(rois.dim() == 2 and rois.size(1) == 5, op, "rois must be (N, 5), got %s" % (tuple(rois.shape),))
-    check(roi_end_mode in (0, 1, 2, 3), op, "roi_end_mode must be 0, 1, 2 or 3, got %d" % roi_end_mode)
+    check(self.dim() == 4, op, "features must be (B, C, H, W), got %s", (tuple(self.shape),))
+    check(rois.dim() == 2 and rois.size(1) == 5, op, "rois must be (N, 5), got %s", (tuple(rois.shape),))
+    check(roi_end_mode in (0, 1, 2, 3), op, "roi_end_mode must be 0, 1, 2 or 3, got %d", roi_end_mode)
     check(pooled_height > 0 and pooled_width > 0 and sample_num >= 0, op, "pooled sizes must be > 0, sample_num >= 0")
 
 
@@ -87,7 +87,7 @@ def npu_roi_align(self, rois, spatial_scale, pooled_height, pooled_width, sample
     outs = []
     for row in rois.detach().double().cpu().tolist():
         bi = int(row[0])
-        check(0 <= bi < b, op, "roi batch index %d out of range for %d images" % (bi, b))
+        check(0 <= bi < b, op, "roi batch index %d out of range for %d images", (bi, b))
         x1, y1, rw, rh = _roi_box(row[1:], spatial_scale, roi_end_mode)
         gh = sample_num if sample_num > 0 else max(1, math.ceil(rh / pooled_height))
         gw = sample_num if sample_num > 0 else max(1, math.ceil(rw / pooled_width))
@@ -131,14 +131,14 @@ _ROI_END_MODE_DEFAULT = 1
 
 def _roi_alignbk_checks(grad, rois, xdiff_shape, pooled_width, pooled_height, sample_num, mode):
     op = "npu_roi_alignbk"
-    check(len(xdiff_shape) == 4, op, "xdiff_shape must be (B, C, H, W), got %s" % (list(xdiff_shape),))
-    check(grad.dim() == 4, op, "grad must be (N, C, pooled_height, pooled_width), got %s" % (tuple(grad.shape),))
-    check(rois.dim() == 2 and rois.size(1) == 5, op, "rois must be (N, 5), got %s" % (tuple(rois.shape),))
+    check(len(xdiff_shape) == 4, op, "xdiff_shape must be (B, C, H, W), got %s", (list(xdiff_shape),))
+    check(grad.dim() == 4, op, "grad must be (N, C, pooled_height, pooled_width), got %s", (tuple(grad.shape),))
+    check(rois.dim() == 2 and rois.size(1) == 5, op, "rois must be (N, 5), got %s", (tuple(rois.shape),))
     check(tuple(grad.shape) == (rois.size(0), xdiff_shape[1], pooled_height, pooled_width), op,
-          "grad must be (N, C, pooled_height, pooled_width) = %s, got %s"
-          % ((rois.size(0), xdiff_shape[1], pooled_height, pooled_width), tuple(grad.shape)))
-    check(mode in (0, 1, 2, 3), op, "roi_end_mode must be 0, 1, 2 or 3, got %d" % mode)
-    check(sample_num >= 0, op, "sample_num must be >= 0, got %d" % sample_num)
+          "grad must be (N, C, pooled_height, pooled_width) = %s, got %s",
+          ((rois.size(0), xdiff_shape[1], pooled_height, pooled_width), tuple(grad.shape)))
+    check(mode in (0, 1, 2, 3), op, "roi_end_mode must be 0, 1, 2 or 3, got %d", mode)
+    check(sample_num >= 0, op, "sample_num must be >= 0, got %d", sample_num)
 
 
 def _roi_alignbk_fake(self, rois, xdiff_shape, pooled_width, pooled_height, spatial_scale, sample_num,
@@ -162,7 +162,7 @@ def npu_roi_alignbk(self, rois, xdiff_shape, pooled_width, pooled_height, spatia
     grad = self.to(dtype)
     for r, row in enumerate(rois.detach().double().cpu().tolist()):
         bi = int(row[0])
-        check(0 <= bi < b, op, "roi batch index %d out of range for %d images" % (bi, b))
+        check(0 <= bi < b, op, "roi batch index %d out of range for %d images", (bi, b))
         x1, y1, rw, rh = _roi_box(row[1:], spatial_scale, mode)
         gh = sample_num if sample_num > 0 else max(1, math.ceil(rh / pooled_height))
         gw = sample_num if sample_num > 0 else max(1, math.ceil(rw / pooled_width))

@@ -85,11 +85,11 @@ def intersection_area(box_a, box_b, trans):
 def _check_pair(op, boxes, query_boxes):
     """The checks that need no values; returns the (B, N, K) output shape."""
     check(boxes.dim() == 3 and query_boxes.dim() == 3, op,
-          "boxes and query_boxes must be 3-D (B, N, 5) / (B, K, 5), got %s and %s"
-          % (tuple(boxes.shape), tuple(query_boxes.shape)))
+          "boxes and query_boxes must be 3-D (B, N, 5) / (B, K, 5), got %s and %s",
+          (tuple(boxes.shape), tuple(query_boxes.shape)))
     check(boxes.size(2) == 5 and query_boxes.size(2) == 5, op, "the last dimension must be 5 (box + angle)")
-    check(boxes.size(0) == query_boxes.size(0), op, "batch sizes differ: %d and %d"
-          % (boxes.size(0), query_boxes.size(0)))
+    check(boxes.size(0) == query_boxes.size(0), op, "batch sizes differ: %d and %d",
+          (boxes.size(0), query_boxes.size(0)))
     return boxes.size(0), boxes.size(1), query_boxes.size(1)
 
 
@@ -154,13 +154,13 @@ _CODER_DTYPES = (torch.float16, torch.float32, torch.float64)
 
 def _check_coder(op, anchor, other, other_name, weight):
     check(anchor.dim() == 3 and anchor.size(1) == 5, op,
-          "anchor_box must be (B, 5, N), got %s" % (tuple(anchor.shape),))
-    check(tuple(other.shape) == tuple(anchor.shape), op, "%s must have anchor_box's shape %s, got %s"
-          % (other_name, tuple(anchor.shape), tuple(other.shape)))
-    check(anchor.dtype == other.dtype, op, "anchor_box and %s must have the same dtype, got %s and %s"
-          % (other_name, anchor.dtype, other.dtype))
-    check(anchor.dtype in _CODER_DTYPES, op, "dtype must be float16 or float32, got %s" % (anchor.dtype,))
-    check(weight.numel() == 5, op, "weight must hold 5 values (x, y, w, h, angle), got %d" % weight.numel())
+          "anchor_box must be (B, 5, N), got %s", (tuple(anchor.shape),))
+    check(tuple(other.shape) == tuple(anchor.shape), op, "%s must have anchor_box's shape %s, got %s",
+          (other_name, tuple(anchor.shape), tuple(other.shape)))
+    check(anchor.dtype == other.dtype, op, "anchor_box and %s must have the same dtype, got %s and %s",
+          (other_name, anchor.dtype, other.dtype))
+    check(anchor.dtype in _CODER_DTYPES, op, "dtype must be float16 or float32, got %s", (anchor.dtype,))
+    check(weight.numel() == 5, op, "weight must hold 5 values (x, y, w, h, angle), got %d", weight.numel())
 
 
 def _centre_form(box):

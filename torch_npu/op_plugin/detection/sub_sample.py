@@ -20,10 +20,10 @@ def npu_sub_sample(self, per_images, positive_fraction):
     generator of the tensor's device (the hardware's random stream is not reproduced); no host
     reads, so FakeTensor / torch.compile trace it as random ATen ops."""
     op = "npu_sub_sample"
-    check(self.dim() == 1, op, "labels must be 1-D (N,), got %s" % (tuple(self.shape),))
-    check(self.dtype == torch.int32, op, "labels must be int32, got %s" % (self.dtype,))
-    check(0.0 <= positive_fraction <= 1.0, op, "positive_fraction must be in [0, 1], got %r" % (positive_fraction,))
-    check(per_images >= 0, op, "per_images must be >= 0, got %d" % per_images)
+    check(self.dim() == 1, op, "labels must be 1-D (N,), got %s", (tuple(self.shape),))
+    check(self.dtype == torch.int32, op, "labels must be int32, got %s", (self.dtype,))
+    check(0.0 <= positive_fraction <= 1.0, op, "positive_fraction must be in [0, 1], got %r", (positive_fraction,))
+    check(per_images >= 0, op, "per_images must be >= 0, got %d", per_images)
     # the kernel receives positive_fraction as a float32 attribute
     pos_quota = int(per_images * float(torch.tensor(positive_fraction, dtype=torch.float32)))
     positive, negative = self >= 1, self == 0

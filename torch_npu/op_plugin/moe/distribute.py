@@ -93,8 +93,8 @@ def npu_moe_distribute_dispatch_v2(x, expert_ids, group_ep, ep_world_size, ep_ra
                  or (shared_expert_num == 0 and shared_expert_rank_num == 0)
                  or (shared_expert_num > 0 and shared_expert_rank_num // shared_expert_num > 0
                      and shared_expert_rank_num % shared_expert_num == 0))
-    check(shared_ok, op, "shared expert setting invalid (shared_expert_num=%d, shared_expert_rank_num=%d)"
-           % (shared_expert_num, shared_expert_rank_num))
+    check(shared_ok, op, "shared expert setting invalid (shared_expert_num=%d, shared_expert_rank_num=%d)",
+           (shared_expert_num, shared_expert_rank_num))
     if y_dtype is not None:
         raise NotImplementedError("%s: y_dtype is not emulated (its output dtypes are not documented)" % op)
     a, local, gbs = _dispatch_sizes(x, expert_ids, ep_world_size, ep_rank_id, moe_expert_num, expert_shard_type,

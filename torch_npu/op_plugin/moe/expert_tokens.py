@@ -15,7 +15,7 @@ def npu_moe_compute_expert_tokens(sorted_expert_for_source_row, num_expert):
     input."""
     op = "npu_moe_compute_expert_tokens"
     x = sorted_expert_for_source_row
-    check(x.dim() == 1, op, "sorted_expert_for_source_row must be 1-D, got %s" % (tuple(x.shape),))
-    check(num_expert >= 0, op, "num_expert must be >= 0, got %d" % num_expert)
+    check(x.dim() == 1, op, "sorted_expert_for_source_row must be 1-D, got %s", (tuple(x.shape),))
+    check(num_expert >= 0, op, "num_expert must be >= 0, got %d", num_expert)
     experts = torch.arange(num_expert, device=x.device, dtype=x.dtype)
     return torch.searchsorted(x.contiguous(), experts, right=True).to(x.dtype)

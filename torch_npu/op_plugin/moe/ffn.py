@@ -51,14 +51,14 @@ def npu_ffn(x, weight1, weight2, activation, *, expert_tokens=None, expert_token
     if name in _UNDOCUMENTED:
         unsupported(_OP, "activation %r (%s is not documented)" % (activation, _UNDOCUMENTED[name]))
     check(name in _ACTIVATIONS, _OP, "activation must be one of fastgelu, gelu, relu, silu, geglu, swiglu, "
-          "reglu, got %r" % (activation,))
+          "reglu, got %r", (activation,))
     quant = (scale, offset, deq_scale1, deq_scale2, antiquant_scale1, antiquant_scale2, antiquant_offset1,
              antiquant_offset2)
     if any(t is not None for t in quant) or not x.is_floating_point() or not weight1.is_floating_point():
         unsupported(_OP, "the quantised / antiquant scenario")
     if expert_tokens_index is not None:
         unsupported(_OP, "expert_tokens_index (its meaning is not documented)")
-    check(2 <= x.dim() <= 8, _OP, "x must have 2 to 8 dims, got %d" % x.dim())
+    check(2 <= x.dim() <= 8, _OP, "x must have 2 to 8 dims, got %d", x.dim())
     check(x.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64), _OP, "x must be float16/bfloat16")
     act = _ACTIVATIONS[name]
     k1 = x.shape[-1]
@@ -66,14 +66,14 @@ def npu_ffn(x, weight1, weight2, activation, *, expert_tokens=None, expert_token
     if expert_tokens is None:
         check(weight1.dim() == 2 and weight2.dim() == 2, _OP, "weight1/weight2 must be [K1, N1]/[K2, N2] without experts")
         check(weight1.shape[0] == k1 and weight1.shape[1] == weight2.shape[0], _OP,
-              "shapes x %s, weight1 %s, weight2 %s do not chain" % (tuple(x.shape), tuple(weight1.shape),
+              "shapes x %s, weight1 %s, weight2 %s do not chain", (tuple(x.shape), tuple(weight1.shape),
                                                                     tuple(weight2.shape)))
         out = _ffn(rows, weight1, weight2, bias1, bias2, act)
     else:
         counts = [int(c) for c in expert_tokens]
         check(weight1.dim() == 3 and weight2.dim() == 3 and weight1.shape[0] == len(counts) == weight2.shape[0], _OP,
-              "weight1/weight2 must be [E, K1, N1]/[E, K2, N2] with E = len(expert_tokens) = %d" % len(counts))
-        check(sum(counts) == rows.shape[0], _OP, "expert_tokens sum %d must equal M=%d" % (sum(counts), rows.shape[0]))
+              "weight1/weight2 must be [E, K1, N1]/[E, K2, N2] with E = len(expert_tokens) = %d", len(counts))
+        check(sum(counts) == rows.shape[0], _OP, "expert_tokens sum %d must equal M=%d", (sum(counts), rows.shape[0]))
         parts = torch.split(rows, counts)
         out = torch.cat([_ffn(part, weight1[e], weight2[e], None if bias1 is None else bias1[e],
                               None if bias2 is None else bias2[e], act) for e, part in enumerate(parts)])

@@ -26,10 +26,10 @@ def npu_moe_gating_top_k_softmax_v2(x, *, k=1, finished=None, renorm=0, output_s
     """See the module doc."""
     op = "npu_moe_gating_top_k_softmax_v2"
     renorm = 0 if renorm is None else renorm
-    check(x.dim() in (2, 3), op, "x must be 2D or 3D, got %dD" % x.dim())
+    check(x.dim() in (2, 3), op, "x must be 2D or 3D, got %dD", x.dim())
     e = x.shape[-1]
-    check(0 <= k <= min(e, 1024), op, "k must be in [0, min(%d, 1024)], got %d" % (e, k))
-    check(renorm in (0, 1), op, "renorm must be 0 or 1, got %r" % (renorm,))
+    check(0 <= k <= min(e, 1024), op, "k must be in [0, min(%d, 1024)], got %d", (e, k))
+    check(renorm in (0, 1), op, "renorm must be 0 or 1, got %r", (renorm,))
     xf = acc(x)
     want_softmax = renorm == 0 and bool(output_softmax)
     if renorm == 0:
@@ -42,7 +42,7 @@ def npu_moe_gating_top_k_softmax_v2(x, *, k=1, finished=None, renorm=0, output_s
         y = torch.softmax(values[..., :k], dim=-1)
     expert_idx = indices[..., :k].to(torch.int32)
     if finished is not None:
-        check(finished.dtype == torch.bool, op, "finished must be bool, got %s" % finished.dtype)
+        check(finished.dtype == torch.bool, op, "finished must be bool, got %s", finished.dtype)
         check(tuple(finished.shape) == tuple(x.shape[:-1]), op, "finished must have shape x.shape[:-1]")
         expert_idx = torch.where(finished.unsqueeze(-1), torch.full_like(expert_idx, e), expert_idx)
     softmax_out = probs.float() if want_softmax else x.new_empty((0,), dtype=torch.float32)
@@ -62,18 +62,18 @@ def npu_moe_gating_top_k_softmax(x, finished=None, k=1):
     their ``y`` is still the softmax value.
     """
     op = "npu_moe_gating_top_k_softmax"
-    check(x.dim() in (2, 3), op, "x must be 2D or 3D, got %dD" % x.dim())
+    check(x.dim() in (2, 3), op, "x must be 2D or 3D, got %dD", x.dim())
     e = x.shape[-1]
-    check(1 <= k <= e, op, "k must be in [1, %d], got %d" % (e, k))
+    check(1 <= k <= e, op, "k must be in [1, %d], got %d", (e, k))
     lead = tuple(x.shape[:-1])
     probs = torch.softmax(acc(x), dim=-1)
     values, indices = torch.sort(probs, dim=-1, descending=True, stable=True)
     y = values[..., :k].to(x.dtype)
     expert_idx = indices[..., :k].to(torch.int32)
     if finished is not None:
-        check(finished.dtype == torch.bool, op, "finished must be bool, got %s" % finished.dtype)
+        check(finished.dtype == torch.bool, op, "finished must be bool, got %s", finished.dtype)
         check(tuple(finished.shape) == lead, op,
-              "finished shape %s must equal x.shape[:-1] %s" % (tuple(finished.shape), lead))
+              "finished shape %s must equal x.shape[:-1] %s", (tuple(finished.shape), lead))
         expert_idx = torch.where(finished.unsqueeze(-1), torch.full_like(expert_idx, e), expert_idx)
     n = 1
     for s in lead:

@@ -49,22 +49,22 @@ def npu_moe_gating_top_k(x, k, *, bias=None, input_ids=None, tid2eid=None, k_gro
     for name, value in (("input_ids", input_ids), ("tid2eid", tid2eid)):
         if value is not None:
             unsupported(_OP, "%s (not described by the documentation)" % name)
-    check(x.dim() == 2, _OP, "x must be 2-D, got %dD" % x.dim())
+    check(x.dim() == 2, _OP, "x must be 2-D, got %dD", x.dim())
     # float64 is accepted too (computed in float64) so that gradcheck can run
     check(x.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64), _OP,
-          "x must be float16, bfloat16 or float32, got %s" % x.dtype)
+          "x must be float16, bfloat16 or float32, got %s", x.dtype)
     n, e = x.shape
-    check(e <= _MAX_EXPERTS, _OP, "the expert count %d must not exceed %d" % (e, _MAX_EXPERTS))
-    check(norm_type in (0, 1), _OP, "norm_type must be 0 (softmax) or 1 (sigmoid), got %r" % (norm_type,))
-    check(group_select_mode in (0, 1), _OP, "group_select_mode must be 0 or 1, got %r" % (group_select_mode,))
+    check(e <= _MAX_EXPERTS, _OP, "the expert count %d must not exceed %d", (e, _MAX_EXPERTS))
+    check(norm_type in (0, 1), _OP, "norm_type must be 0 (softmax) or 1 (sigmoid), got %r", (norm_type,))
+    check(group_select_mode in (0, 1), _OP, "group_select_mode must be 0 or 1, got %r", (group_select_mode,))
     check(group_count > 0 and e % group_count == 0 and e // group_count > 2, _OP,
-          "x.shape[-1]=%d must be divisible by group_count=%d into groups of more than 2" % (e, group_count))
-    check(1 <= k_group <= group_count, _OP, "k_group must be in [1, group_count=%d], got %d" % (group_count, k_group))
+          "x.shape[-1]=%d must be divisible by group_count=%d into groups of more than 2", (e, group_count))
+    check(1 <= k_group <= group_count, _OP, "k_group must be in [1, group_count=%d], got %d", (group_count, k_group))
     per_group = e // group_count
-    check(1 <= k <= per_group * k_group, _OP, "k must be in [1, %d], got %d" % (per_group * k_group, k))
+    check(1 <= k <= per_group * k_group, _OP, "k must be in [1, %d], got %d", (per_group * k_group, k))
     if bias is not None:
-        check(bias.dim() == 1 and bias.shape[0] == e, _OP, "bias must be 1-D with %d entries" % e)
-        check(bias.dtype == x.dtype, _OP, "bias dtype %s must equal x dtype %s" % (bias.dtype, x.dtype))
+        check(bias.dim() == 1 and bias.shape[0] == e, _OP, "bias must be 1-D with %d entries", e)
+        check(bias.dtype == x.dtype, _OP, "bias dtype %s must equal x dtype %s", (bias.dtype, x.dtype))
     xf = x.to(stat_dtype(x))
     norm = torch.softmax(xf, dim=-1) if norm_type == 0 else torch.sigmoid(xf)
     scores = norm if bias is None else norm + bias.to(xf.dtype)
@@ -97,12 +97,12 @@ def npu_moe_gating_top_k_backward(x_norm, grad_y, expertIdx, *, renorm=0, norm_t
                                   "mode norm_type=1)" % (_BACKWARD_OP, norm_type))
     if renorm != 0:
         raise NotImplementedError("%s: renorm=%r is not emulated (only renorm=0 is documented)" % (_BACKWARD_OP, renorm))
-    check(x_norm.dim() == 2, _BACKWARD_OP, "x_norm must be 2D (M, N), got %dD" % x_norm.dim())
+    check(x_norm.dim() == 2, _BACKWARD_OP, "x_norm must be 2D (M, N), got %dD", x_norm.dim())
     check(grad_y.dim() == 2 and tuple(grad_y.shape) == tuple(expertIdx.shape), _BACKWARD_OP,
-          "grad_y and expert_idx must both be (M, K), got %s and %s"
-          % (tuple(grad_y.shape), tuple(expertIdx.shape)))
-    check(grad_y.size(0) == x_norm.size(0), _BACKWARD_OP, "grad_y has %d rows, x_norm %d" % (grad_y.size(0), x_norm.size(0)))
-    check(grad_y.size(1) <= x_norm.size(1), _BACKWARD_OP, "K=%d exceeds N=%d" % (grad_y.size(1), x_norm.size(1)))
+          "grad_y and expert_idx must both be (M, K), got %s and %s",
+          (tuple(grad_y.shape), tuple(expertIdx.shape)))
+    check(grad_y.size(0) == x_norm.size(0), _BACKWARD_OP, "grad_y has %d rows, x_norm %d", (grad_y.size(0), x_norm.size(0)))
+    check(grad_y.size(1) <= x_norm.size(1), _BACKWARD_OP, "K=%d exceeds N=%d", (grad_y.size(1), x_norm.size(1)))
     check(not expertIdx.is_floating_point(), _BACKWARD_OP, "expert_idx must be an integer tensor")
     compute = torch.float64 if torch.float64 in (x_norm.dtype, grad_y.dtype) else torch.float32
     x = x_norm.to(compute)

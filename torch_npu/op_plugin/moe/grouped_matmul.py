@@ -29,7 +29,7 @@ def _group_sizes(op, group_list, group_list_type, m):
         sizes = [b - a for a, b in zip([0] + vals[:-1], vals)]
     else:
         sizes = vals
-    check(all(s >= 0 for s in sizes), op, "group_list gives negative group sizes %s" % sizes)
+    check(all(s >= 0 for s in sizes), op, "group_list gives negative group sizes %s", sizes)
     if sum(sizes) != m:
         unsupported(op, "group_list covering %d of the %d rows of x (must cover all)" % (sum(sizes), m))
     return sizes
@@ -57,26 +57,26 @@ def _grouped_matmul(op, x, weight, bias, group_list, split_item, group_type, gro
         bias = list(bias)
         if len(bias) == 1 and bias[0].dim() == 2 and len(weight) > 1:
             bias = list(bias[0].unbind(0))
-        check(len(bias) == len(weight), op, "bias list length %d != weight groups %d" % (len(bias), len(weight)))
+        check(len(bias) == len(weight), op, "bias list length %d != weight groups %d", (len(bias), len(weight)))
     g = len(weight)
     if group_list is not None and group_type != -1:
         check(len(x) == 1, op, "group_list needs a single x tensor")
         xs = x[0]
         check(xs.dim() == 2, op, "x split by group_list must be 2D")
         sizes = _group_sizes(op, group_list, group_list_type, xs.shape[0])
-        check(len(sizes) == g, op, "group_list has %d groups, weight has %d" % (len(sizes), g))
+        check(len(sizes) == g, op, "group_list has %d groups, weight has %d", (len(sizes), g))
         x = list(torch.split(xs, sizes, dim=0))
     else:
         if group_list is not None:
             unsupported(op, "group_list with group_type=-1")
         if len(x) == 1 and g > 1:
             unsupported(op, "a single x with %d weights and no group_list" % g)
-        check(len(x) == g, op, "x has %d tensors, weight has %d" % (len(x), g))
+        check(len(x) == g, op, "x has %d tensors, weight has %d", (len(x), g))
     outs = []
     for i in range(g):
         xi, wi = x[i], weight[i]
-        check(wi.dim() == 2, op, "weight[%d] must be 2D [K, N]" % i)
-        check(xi.shape[-1] == wi.shape[0], op, "x[%d] K=%d != weight[%d] K=%d" % (i, xi.shape[-1], i, wi.shape[0]))
+        check(wi.dim() == 2, op, "weight[%d] must be 2D [K, N]", i)
+        check(xi.shape[-1] == wi.shape[0], op, "x[%d] K=%d != weight[%d] K=%d", (i, xi.shape[-1], i, wi.shape[0]))
         y = torch.matmul(acc(xi), acc(wi).to(acc(xi).dtype))
         if bias is not None:
             y = y + acc(bias[i]).to(y.dtype)

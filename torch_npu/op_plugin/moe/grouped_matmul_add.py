@@ -28,14 +28,14 @@ def _grouped_products(op, self, x, weight, group_list, transpose_x, transpose_we
         unsupported(op, "group_type=%r (only 2, split along K)" % (group_type,))
     if group_list_type not in (None, 0, 1):
         unsupported(op, "group_list_type=%r (only 0 cumsum, 1 counts)" % (group_list_type,))
-    check(self.dim() == 3, op, "self must be 3-D (g, M, N), got %dD" % self.dim())
+    check(self.dim() == 3, op, "self must be 3-D (g, M, N), got %dD", self.dim())
     check(x.dim() == 2 and weight.dim() == 2, op, "x (K, M) and weight (K, N) must be 2-D")
-    check(x.shape[0] == weight.shape[0], op, "x and weight must have the same K, got %d and %d"
-          % (x.shape[0], weight.shape[0]))
+    check(x.shape[0] == weight.shape[0], op, "x and weight must have the same K, got %d and %d",
+          (x.shape[0], weight.shape[0]))
     check(group_list.dim() == 1 and group_list.shape[0] == self.shape[0], op,
-          "group_list must be 1-D with g = %d entries" % self.shape[0])
-    check(tuple(self.shape[1:]) == (x.shape[1], weight.shape[1]), op, "self must be (g, %d, %d), got %s"
-          % (x.shape[1], weight.shape[1], tuple(self.shape)))
+          "group_list must be 1-D with g = %d entries", self.shape[0])
+    check(tuple(self.shape[1:]) == (x.shape[1], weight.shape[1]), op, "self must be (g, %d, %d), got %s",
+          (x.shape[1], weight.shape[1], tuple(self.shape)))
     sizes = group_list.long()
     ends = sizes if group_list_type in (None, 0) else torch.cumsum(sizes, 0)
     starts = ends - (sizes if group_list_type == 1 else torch.diff(sizes, prepend=sizes.new_zeros(1)))

@@ -51,8 +51,8 @@ def _check_args(x, w, group_list, bias, offset, row_index, dtype, output_bs, gro
         unsupported(_OP, "row_index=None (the combine index is undocumented then)")
     m, k = x.shape
     e, wk, n = w.shape
-    check(wk == k, _OP, "k of x %d and w %d differ" % (k, wk))
-    check(group_list.dim() == 1 and group_list.numel() == e, _OP, "group_list must be (e,) with e=%d" % e)
+    check(wk == k, _OP, "k of x %d and w %d differ", (k, wk))
+    check(group_list.dim() == 1 and group_list.numel() == e, _OP, "group_list must be (e,) with e=%d", e)
     return output_bs or m, n
 
 
@@ -79,14 +79,14 @@ def npu_grouped_matmul_finalize_routing(x, w, group_list, *, scale=None, bias=No
     e = w.shape[0]
     counts = _counts(group_list, 1 if group_list_type is None else group_list_type)
     used = sum(counts)
-    check(min(counts) >= 0 and used <= m, _OP, "group_list must give non-negative sizes summing to <= m=%d" % m)
+    check(min(counts) >= 0 and used <= m, _OP, "group_list must give non-negative sizes summing to <= m=%d", m)
     # int8 products summed exactly (int32 on hardware; float64 holds these sums exactly)
     parts = torch.split(x[:used].double(), counts)
     mm = torch.cat([part @ w[g].double() for g, part in enumerate(parts)]).float()
     groups = torch.repeat_interleave(torch.arange(e, device=x.device),
                                      torch.tensor(counts, device=x.device))
     if scale is not None:
-        check(tuple(scale.shape) in ((e, n), (e, 1, n)), _OP, "scale must be (e, n), got %s" % (tuple(scale.shape),))
+        check(tuple(scale.shape) in ((e, n), (e, 1, n)), _OP, "scale must be (e, n), got %s", (tuple(scale.shape),))
         check(scale.is_floating_point(), _OP, "an int64 scale is the A8W4 scenario")
         mm = mm * scale.reshape(e, n).float()[groups]
     if pertoken_scale is not None:

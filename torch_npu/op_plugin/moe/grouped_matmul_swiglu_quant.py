@@ -45,16 +45,16 @@ def _swiglu_quant(op, x, weight, weight_scale, x_scale, group_list, counts):
     w = _nd_weight(op, weight)
     e, k, n = w.shape
     m = x.shape[0]
-    check(x.shape[1] == k, op, "x has K=%d, weight has K=%d" % (x.shape[1], k))
-    check(n % 2 == 0, op, "N=%d must be even (SwiGLU halves it)" % n)
+    check(x.shape[1] == k, op, "x has K=%d, weight has K=%d", (x.shape[1], k))
+    check(n % 2 == 0, op, "N=%d must be even (SwiGLU halves it)", n)
     if weight_scale.dtype == torch.int64:
         unsupported(op, "int64 weight_scale (A8W4 per-channel)")
     check(weight_scale.dtype in (torch.float32, torch.float16, torch.bfloat16), op,
-          "weight_scale must be float32, float16 or bfloat16, got %s" % weight_scale.dtype)
-    check(tuple(weight_scale.shape) == (e, n), op, "weight_scale must be (E, N) = (%d, %d)" % (e, n))
+          "weight_scale must be float32, float16 or bfloat16, got %s", weight_scale.dtype)
+    check(tuple(weight_scale.shape) == (e, n), op, "weight_scale must be (E, N) = (%d, %d)", (e, n))
     check(x_scale.dim() == 1 and x_scale.shape[0] == m and x_scale.dtype == torch.float32, op,
-          "x_scale must be float32 (M=%d,)" % m)
-    check(group_list.dim() == 1 and group_list.shape[0] == e, op, "group_list must be 1-D with E=%d entries" % e)
+          "x_scale must be float32 (M=%d,)", m)
+    check(group_list.dim() == 1 and group_list.shape[0] == e, op, "group_list must be 1-D with E=%d entries", e)
     sizes = group_list.long()
     ends = torch.cumsum(sizes, 0) if counts else sizes
     rows = torch.arange(m, device=x.device)

@@ -35,14 +35,14 @@ def npu_moe_re_routing(tokens, expert_token_num_per_rank, *, per_token_scales=No
     if tokens_dtype is not None:
         unsupported(_OP, "tokens_dtype=%r" % (tokens_dtype,))
     counts = expert_token_num_per_rank
-    check(tokens.dim() == 2, _OP, "tokens must be 2-D (A, H), got %dD" % tokens.dim())
-    check(counts.dim() == 2, _OP, "expert_token_num_per_rank must be 2-D (N, E), got %dD" % counts.dim())
+    check(tokens.dim() == 2, _OP, "tokens must be 2-D (A, H), got %dD", tokens.dim())
+    check(counts.dim() == 2, _OP, "expert_token_num_per_rank must be 2-D (N, E), got %dD", counts.dim())
     check(counts.dtype in (torch.int32, torch.int64), _OP, "expert_token_num_per_rank must be int32 or int64")
     ranks, experts = counts.shape
     a = tokens.shape[0]
     if per_token_scales is not None:
         check(per_token_scales.dim() == 1 and per_token_scales.shape[0] == a, _OP,
-              "per_token_scales must be 1-D with A=%d entries" % a)
+              "per_token_scales must be 1-D with A=%d entries", a)
     flat = counts.long().reshape(-1)                                   # (i, j) order
     src_end = torch.cumsum(flat, 0)
     src_start = src_end - flat

@@ -52,11 +52,11 @@ def npu_moe_init_routing(x, row_idx, expert_idx, active_num):
     expanded_row_idx [N*k] int32, expanded_expert_idx [N*k] int32)``.
     """
     op = "npu_moe_init_routing"
-    check(x.dim() == 2, op, "x must be 2D, got %dD" % x.dim())
-    check(expert_idx.dim() == 2, op, "expert_idx must be 2D, got %dD" % expert_idx.dim())
+    check(x.dim() == 2, op, "x must be 2D, got %dD", x.dim())
+    check(expert_idx.dim() == 2, op, "expert_idx must be 2D, got %dD", expert_idx.dim())
     check(tuple(row_idx.shape) == tuple(expert_idx.shape), op, "row_idx and expert_idx shapes differ")
     check(expert_idx.shape[0] == x.shape[0], op, "expert_idx rows must equal x rows")
-    check(active_num >= 0, op, "active_num must be >= 0, got %d" % active_num)
+    check(active_num >= 0, op, "active_num must be >= 0, got %d", active_num)
     n, k = expert_idx.shape
     flat_expert = expert_idx.reshape(-1)
     sorted_expert, order = torch.sort(flat_expert, stable=True)
@@ -94,22 +94,22 @@ def npu_moe_finalize_routing(expanded_permuted_rows, skip1, skip2, bias, scales,
         kk = export_for_source_row.shape[1]
     else:
         kk = 1 if k is None else k
-    check(kk >= 1 and total % kk == 0, op, "expanded_src_to_dst_row size %d is not a multiple of k=%d" % (total, kk))
+    check(kk >= 1 and total % kk == 0, op, "expanded_src_to_dst_row size %d is not a multiple of k=%d", (total, kk))
     n = total // kk
     check(bias is None or export_for_source_row is not None, op, "bias needs export_for_source_row")
     # dst index laid out [K, N] (j * N + i) -> [N, K]
     dst = expanded_src_to_dst_row.reshape(kk, n).t().long()
     rows = acc(expanded_permuted_rows).index_select(0, dst.reshape(-1)).reshape(n, kk, h)
     if bias is not None:
-        check(export_for_source_row.shape == (n, kk), op, "export_for_source_row must be [%d, %d]" % (n, kk))
+        check(export_for_source_row.shape == (n, kk), op, "export_for_source_row must be [%d, %d]", (n, kk))
         rows = rows + acc(bias).index_select(0, export_for_source_row.reshape(-1).long()).reshape(n, kk, h)
     if scales is not None:
-        check(tuple(scales.shape) == (n, kk), op, "scales must be [%d, %d]" % (n, kk))
+        check(tuple(scales.shape) == (n, kk), op, "scales must be [%d, %d]", (n, kk))
         rows = rows * acc(scales).unsqueeze(-1)
     out = rows.sum(1)
     for skip in (skip1, skip2):
         if skip is not None:
-            check(tuple(skip.shape) == (n, h), op, "skip must be [%d, %d]" % (n, h))
+            check(tuple(skip.shape) == (n, h), op, "skip must be [%d, %d]", (n, h))
             out = out + acc(skip)
     return out.to(expanded_permuted_rows.dtype)
 
@@ -160,8 +160,8 @@ def _expert_range(active_expert_range, expert_num):
         return 0, expert_num
     check(len(active_expert_range) == 2, _OP, "active_expert_range must be [expert_start, expert_end]")
     start, end = active_expert_range
-    check(0 <= start < end, _OP, "active_expert_range must satisfy 0 <= start < end, got %s" % list(active_expert_range))
-    check(expert_num <= 0 or end <= expert_num, _OP, "expert_end %d must not exceed expert_num %d" % (end, expert_num))
+    check(0 <= start < end, _OP, "active_expert_range must satisfy 0 <= start < end, got %s", list(active_expert_range))
+    check(expert_num <= 0 or end <= expert_num, _OP, "expert_end %d must not exceed expert_num %d", (end, expert_num))
     return start, end
 
 
@@ -173,7 +173,7 @@ def _token_counts(flat, in_range, start, end, kind, expert_num):
         return hist
     if kind == 0:
         return torch.cumsum(hist, 0)
-    check(expert_num >= span, _OP, "expert_num %d is smaller than the expert range %d" % (expert_num, span))
+    check(expert_num >= span, _OP, "expert_num %d is smaller than the expert range %d", (expert_num, span))
     used_first = torch.sort((hist == 0).to(torch.int8), stable=True)[1]
     ids = torch.arange(start, end, device=flat.device).index_select(0, used_first)
     counts = hist.index_select(0, used_first)
@@ -185,19 +185,19 @@ def _token_counts(flat, in_range, start, end, kind, expert_num):
 def npu_moe_init_routing_v2(x, expert_idx, *, scale=None, offset=None, active_num=-1, expert_capacity=-1,
                             expert_num=-1, drop_pad_mode=0, expert_tokens_num_type=0, expert_tokens_num_flag=False,
                             quant_mode=-1, active_expert_range=[], row_idx_type=0, x_dtype=None):
-    check(x.dim() == 2, _OP, "x must be 2-D (NUM_ROWS, H), got %dD" % x.dim())
+    check(x.dim() == 2, _OP, "x must be 2-D (NUM_ROWS, H), got %dD", x.dim())
     check(expert_idx.dim() == 2 and expert_idx.shape[0] == x.shape[0], _OP,
-          "expert_idx must be 2-D (NUM_ROWS=%d, K)" % x.shape[0])
-    check(expert_idx.dtype == torch.int32, _OP, "expert_idx must be int32, got %s" % expert_idx.dtype)
+          "expert_idx must be 2-D (NUM_ROWS=%d, K)", x.shape[0])
+    check(expert_idx.dtype == torch.int32, _OP, "expert_idx must be int32, got %s", expert_idx.dtype)
     if drop_pad_mode != 0:
         unsupported(_OP, "drop_pad_mode=%r (only 0, dropless/active)" % (drop_pad_mode,))
     if quant_mode not in (-1, 1):
         unsupported(_OP, "quant_mode=%r (only -1 none and 1 dynamic int8)" % (quant_mode,))
     if x_dtype is not None:
         unsupported(_OP, "x_dtype=%r" % (x_dtype,))
-    check(row_idx_type in (0, 1), _OP, "row_idx_type must be 0 or 1, got %r" % (row_idx_type,))
+    check(row_idx_type in (0, 1), _OP, "row_idx_type must be 0 or 1, got %r", (row_idx_type,))
     check(expert_tokens_num_type in (0, 1, 2), _OP, "expert_tokens_num_type must be 0, 1 or 2")
-    check(active_num >= -1, _OP, "active_num must be >= 0 (or -1), got %d" % active_num)
+    check(active_num >= -1, _OP, "active_num must be >= 0 (or -1), got %d", active_num)
     start, end = _expert_range(active_expert_range, expert_num)
     n, k = expert_idx.shape
     h = x.shape[1]
@@ -224,7 +224,7 @@ def npu_moe_init_routing_v2(x, expert_idx, *, scale=None, offset=None, active_nu
         check(offset is None, _OP, "offset must be None without quantisation")
         expanded_x = torch.where(valid.unsqueeze(1), gathered, torch.zeros_like(gathered))
         if scale is not None:
-            check(scale.dim() == 1 and scale.shape[0] == n, _OP, "scale must be (NUM_ROWS=%d,) without quantisation" % n)
+            check(scale.dim() == 1 and scale.shape[0] == n, _OP, "scale must be (NUM_ROWS=%d,) without quantisation", n)
             picked = scale.float().index_select(0, torch.div(taken, k, rounding_mode="floor"))
             expanded_scale = torch.where(valid, picked, torch.zeros_like(picked))
         else:
@@ -237,7 +237,7 @@ def npu_moe_init_routing_v2(x, expert_idx, *, scale=None, offset=None, active_nu
     xs = gathered.float()
     if scale is not None:
         check(scale.dim() == 2 and scale.shape[1] == h and scale.shape[0] in (1, end - start), _OP,
-              "scale must be (%d, %d) or (1, %d) in dynamic quantisation" % (end - start, h, h))
+              "scale must be (%d, %d) or (1, %d) in dynamic quantisation", (end - start, h, h))
         if scale.shape[0] == 1:
             xs = xs * scale.float()
         else:

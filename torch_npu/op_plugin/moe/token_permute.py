@@ -32,7 +32,7 @@ __all__ = []
 
 def _gather_rows(op, rows, sorted_indices):
     """``rows[sorted_indices]`` in compute precision, with out-of-range (dropped) indices as zero rows."""
-    check(sorted_indices.dim() == 1, op, "sorted_indices must be 1-D, got %dD" % sorted_indices.dim())
+    check(sorted_indices.dim() == 1, op, "sorted_indices must be 1-D, got %dD", sorted_indices.dim())
     idx = sorted_indices.long()
     valid = idx < rows.shape[0]
     picked = acc(rows).index_select(0, torch.where(valid, idx, torch.zeros_like(idx)))
@@ -42,10 +42,10 @@ def _gather_rows(op, rows, sorted_indices):
 def _permute_grad(op, grad_permuted_tokens, sorted_indices, tokens_num, topk, dtype, padded_mode):
     if padded_mode:
         unsupported(op, "padded_mode=True")
-    check(grad_permuted_tokens.dim() == 2, op, "grad_permuted_tokens must be 2-D, got %dD" % grad_permuted_tokens.dim())
-    check(topk >= 1, op, "topK must be >= 1, got %d" % topk)
-    check(sorted_indices.numel() == tokens_num * topk, op, "sorted_indices has %d elements, expected tokens (%d) * topK (%d)"
-          % (sorted_indices.numel(), tokens_num, topk))
+    check(grad_permuted_tokens.dim() == 2, op, "grad_permuted_tokens must be 2-D, got %dD", grad_permuted_tokens.dim())
+    check(topk >= 1, op, "topK must be >= 1, got %d", topk)
+    check(sorted_indices.numel() == tokens_num * topk, op, "sorted_indices has %d elements, expected tokens (%d) * topK (%d)",
+          (sorted_indices.numel(), tokens_num, topk))
     picked, _, _ = _gather_rows(op, grad_permuted_tokens, sorted_indices)
     h = grad_permuted_tokens.shape[1]
     return picked.reshape(tokens_num, topk, h).sum(1).to(dtype)
@@ -54,11 +54,11 @@ def _permute_grad(op, grad_permuted_tokens, sorted_indices, tokens_num, topk, dt
 @impl("npu_moe_token_permute_grad")
 def npu_moe_token_permute_grad(tokens, grad_permuted_tokens, indices, sorted_indices, padded_mode=False):
     op = "npu_moe_token_permute_grad"
-    check(tokens.dim() == 2, op, "tokens must be 2-D, got %dD" % tokens.dim())
+    check(tokens.dim() == 2, op, "tokens must be 2-D, got %dD", tokens.dim())
     check(indices.dim() in (1, 2) and indices.shape[0] == tokens.shape[0], op,
           "indices must be [T] or [T, topK] with T = tokens rows")
     check(grad_permuted_tokens.dim() == 2 and grad_permuted_tokens.shape[1] == tokens.shape[1], op,
-          "grad_permuted_tokens must be [rows, %d]" % tokens.shape[1])
+          "grad_permuted_tokens must be [rows, %d]", tokens.shape[1])
     topk = 1 if indices.dim() == 1 else indices.shape[1]
     return _permute_grad(op, grad_permuted_tokens, sorted_indices, tokens.shape[0], topk, tokens.dtype, padded_mode)
 
@@ -74,17 +74,17 @@ def _unpermute_grad(op, permuted_tokens, grad_unpermuted_tokens, sorted_indices,
                     padded_mode):
     if padded_mode:
         unsupported(op, "padded_mode=True")
-    check(grad_unpermuted_tokens.dim() == 2, op, "grad_unpermuted_tokens must be 2-D, got %dD"
-          % grad_unpermuted_tokens.dim())
-    check(sorted_indices.dim() == 1, op, "sorted_indices must be 1-D, got %dD" % sorted_indices.dim())
+    check(grad_unpermuted_tokens.dim() == 2, op, "grad_unpermuted_tokens must be 2-D, got %dD",
+          grad_unpermuted_tokens.dim())
+    check(sorted_indices.dim() == 1, op, "sorted_indices must be 1-D, got %dD", sorted_indices.dim())
     t, h = grad_unpermuted_tokens.shape
     topk = 1 if probs is None else probs.shape[-1]
-    check(sorted_indices.numel() == t * topk, op, "sorted_indices has %d elements, expected tokens (%d) * topK (%d)"
-          % (sorted_indices.numel(), t, topk))
+    check(sorted_indices.numel() == t * topk, op, "sorted_indices has %d elements, expected tokens (%d) * topK (%d)",
+          (sorted_indices.numel(), t, topk))
     grad = acc(grad_unpermuted_tokens)
     contrib = grad.unsqueeze(1).expand(t, topk, h)
     if probs is not None:
-        check(probs.dim() == 2 and tuple(probs.shape) == (t, topk), op, "probs must be [%d, %d]" % (t, topk))
+        check(probs.dim() == 2 and tuple(probs.shape) == (t, topk), op, "probs must be [%d, %d]", (t, topk))
         contrib = contrib * acc(probs).to(grad.dtype).unsqueeze(-1)
     idx = sorted_indices.long()
     valid = idx < rows
@@ -95,7 +95,7 @@ def _unpermute_grad(op, permuted_tokens, grad_unpermuted_tokens, sorted_indices,
     if probs is None:
         return grad_permuted, None
     check(permuted_tokens is not None, op, "permuted_tokens is needed to compute the gradient of probs")
-    check(permuted_tokens.dim() == 2 and permuted_tokens.shape[1] == h, op, "permuted_tokens must be [rows, %d]" % h)
+    check(permuted_tokens.dim() == 2 and permuted_tokens.shape[1] == h, op, "permuted_tokens must be [rows, %d]", h)
     picked, _, _ = _gather_rows(op, permuted_tokens, sorted_indices)
     grad_probs = (picked.to(grad.dtype).reshape(t, topk, h) * grad.unsqueeze(1)).sum(-1)
     return grad_permuted, grad_probs.to(probs_dtype)
@@ -105,7 +105,7 @@ def _unpermute_grad(op, permuted_tokens, grad_unpermuted_tokens, sorted_indices,
 def npu_moe_token_unpermute_grad(permuted_tokens, grad_unpermuted_tokens, sorted_indices, probs=None,
                                  padded_mode=False, restore_shape=None):
     op = "npu_moe_token_unpermute_grad"
-    check(permuted_tokens.dim() == 2, op, "permuted_tokens must be 2-D, got %dD" % permuted_tokens.dim())
+    check(permuted_tokens.dim() == 2, op, "permuted_tokens must be 2-D, got %dD", permuted_tokens.dim())
     return _unpermute_grad(op, permuted_tokens, grad_unpermuted_tokens, sorted_indices, probs,
                            permuted_tokens.shape[0], permuted_tokens.dtype, grad_unpermuted_tokens.dtype, padded_mode)
 
@@ -175,7 +175,7 @@ def npu_moe_token_unpermute(permuted_tokens, sorted_indices, probs=None, padded_
     check(permuted_tokens.dim() == 2, op, "permuted_tokens must be 2D")
     topk = 1 if probs is None else probs.shape[-1]
     total = sorted_indices.numel()
-    check(total % topk == 0, op, "sorted_indices size %d is not a multiple of topK %d" % (total, topk))
+    check(total % topk == 0, op, "sorted_indices size %d is not a multiple of topK %d", (total, topk))
     t = total // topk
     p, h = permuted_tokens.shape
     idx = sorted_indices.reshape(-1).long()
@@ -183,6 +183,6 @@ def npu_moe_token_unpermute(permuted_tokens, sorted_indices, probs=None, padded_
     rows = acc(permuted_tokens).index_select(0, torch.where(valid, idx, torch.zeros_like(idx)))
     rows = (rows * valid.unsqueeze(-1).to(rows.dtype)).reshape(t, topk, h)
     if probs is not None:
-        check(probs.numel() == total, op, "probs must have %d elements" % total)
+        check(probs.numel() == total, op, "probs must have %d elements", total)
         rows = rows * acc(probs).reshape(t, topk, 1).to(rows.dtype)
     return rows.sum(1).to(permuted_tokens.dtype)

@@ -44,7 +44,7 @@ def _check_topk(op, routing_map, topk):
         return
     per_row = routing_map.bool().sum(1)
     check(bool((per_row == topk).all()), op, "every row of routing_map must select topK = num_out_tokens // "
-          "tokens_num = %d experts, got counts %s" % (topk, per_row.tolist()))
+          "tokens_num = %d experts, got counts %s", (topk, per_row.tolist()))
 
 
 def _drop_pad_indices(routing_map, capacity):
@@ -64,14 +64,14 @@ def _expert_major_probs(probs, token_ids):
 def npu_moe_token_permute_with_routing_map(tokens, routing_map, *, probs=None, num_out_tokens=None,
                                            drop_and_pad=False):
     op = "npu_moe_token_permute_with_routing_map"
-    check(tokens.dim() == 2, op, "tokens must be 2-D (tokens_num, hidden_size), got %dD" % tokens.dim())
+    check(tokens.dim() == 2, op, "tokens must be 2-D (tokens_num, hidden_size), got %dD", tokens.dim())
     check(routing_map.dim() == 2 and routing_map.shape[0] == tokens.shape[0], op,
-          "routing_map must be (tokens_num=%d, experts_num)" % tokens.shape[0])
+          "routing_map must be (tokens_num=%d, experts_num)", tokens.shape[0])
     t, e = routing_map.shape
     if probs is not None:
-        check(tuple(probs.shape) == (t, e), op, "probs must have the shape of routing_map %s" % ((t, e),))
+        check(tuple(probs.shape) == (t, e), op, "probs must have the shape of routing_map %s", ((t, e),))
     n_out = t if num_out_tokens is None else num_out_tokens
-    check(0 <= n_out <= t * e, op, "num_out_tokens must be in [0, %d], got %d" % (t * e, n_out))
+    check(0 <= n_out <= t * e, op, "num_out_tokens must be in [0, %d], got %d", (t * e, n_out))
     if drop_and_pad:
         capacity = n_out // e
         token_ids = _drop_pad_indices(routing_map, capacity)
@@ -94,8 +94,8 @@ def npu_moe_token_permute_with_routing_map_grad(permuted_token_out_grad, probs_g
     op = "npu_moe_token_permute_with_routing_map_grad"
     g = permuted_token_out_grad
     check(g.dim() == 2, op, "permuted_token_out_grad must be 2-D")
-    check(tuple(routing_map.shape) == (tokens_num, experts_num), op, "routing_map must be (%d, %d)"
-          % (tokens_num, experts_num))
+    check(tuple(routing_map.shape) == (tokens_num, experts_num), op, "routing_map must be (%d, %d)",
+          (tokens_num, experts_num))
     t, e, h = tokens_num, experts_num, g.shape[1]
     idx = sorted_indices.long()
     if drop_and_pad:
@@ -103,8 +103,8 @@ def npu_moe_token_permute_with_routing_map_grad(permuted_token_out_grad, probs_g
         flat = (torch.div(torch.arange(idx.numel(), device=idx.device), max(idx.numel() // e, 1),
                           rounding_mode="floor") * t + idx)
     else:
-        check(t > 0 and idx.numel() % t == 0, op, "sorted_indices size %d is not a multiple of tokens_num %d"
-              % (idx.numel(), t))
+        check(t > 0 and idx.numel() % t == 0, op, "sorted_indices size %d is not a multiple of tokens_num %d",
+              (idx.numel(), t))
         topk = idx.numel() // t
         tokens_grad = acc(g).index_select(0, idx).reshape(t, topk, h).sum(1)
         flat = _selected_positions(routing_map.t(), idx.numel())
@@ -119,31 +119,31 @@ def _unpermute(op, permuted_tokens, sorted_indices, restore_shape, probs, routin
     check(permuted_tokens.dim() == 2, op, "permuted_tokens must be 2-D")
     check(sorted_indices.dim() == 1, op, "sorted_indices must be 1-D")
     check(len(restore_shape) == 2 and restore_shape[1] == permuted_tokens.shape[1], op,
-          "restore_shape must be (tokens_num, %d), got %s" % (permuted_tokens.shape[1], list(restore_shape)))
+          "restore_shape must be (tokens_num, %d), got %s", (permuted_tokens.shape[1], list(restore_shape)))
     t, h = restore_shape
     idx = sorted_indices.long()
     rows = acc(permuted_tokens)
     if drop_and_pad:
         permuted_probs = None
         if probs is not None:
-            check(probs.dim() == 2 and probs.shape[0] == t, op, "probs must be (%d, experts_num)" % t)
+            check(probs.dim() == 2 and probs.shape[0] == t, op, "probs must be (%d, experts_num)", t)
             e = probs.shape[1]
-            check(idx.numel() % e == 0, op, "sorted_indices size %d is not experts_num (%d) * capacity"
-                  % (idx.numel(), e))
+            check(idx.numel() % e == 0, op, "sorted_indices size %d is not experts_num (%d) * capacity",
+                  (idx.numel(), e))
             permuted_probs = _expert_major_probs(probs, idx.reshape(e, -1))
             rows = rows * acc(permuted_probs).to(rows.dtype).unsqueeze(-1)
         out = rows.new_zeros((t, h)).index_add(0, idx, rows)
         return out.to(permuted_tokens.dtype), permuted_probs
     check(t > 0 and permuted_tokens.shape[0] % t == 0, op, "permuted_tokens rows %d are not a multiple of "
-          "tokens_num %d" % (permuted_tokens.shape[0], t))
+          "tokens_num %d", (permuted_tokens.shape[0], t))
     topk = permuted_tokens.shape[0] // t
-    check(idx.numel() == t * topk, op, "sorted_indices must have %d elements" % (t * topk))
+    check(idx.numel() == t * topk, op, "sorted_indices must have %d elements", (t * topk))
     picked = rows.index_select(0, idx).reshape(t, topk, h)
     permuted_probs = None
     if probs is not None:
         check(routing_map is not None, op, "routing_map is needed with probs when drop_and_pad is False")
         check(tuple(probs.shape) == tuple(routing_map.shape) and probs.shape[0] == t, op,
-              "probs and routing_map must both be (%d, experts_num)" % t)
+              "probs and routing_map must both be (%d, experts_num)", t)
         _check_topk(op, routing_map, topk)
         permuted_probs = probs.reshape(-1).index_select(0, _selected_positions(routing_map, t * topk))  # token-major
         picked = picked * acc(permuted_probs).to(picked.dtype).reshape(t, topk, 1)
@@ -175,8 +175,8 @@ def npu_moe_token_unpermute_with_routing_map_grad(unpermuted_tokens_grad, out_in
     if not drop_and_pad:
         unsupported(op, "drop_and_pad=False (it consumes the undocumented index outputs of that mode)")
     g = unpermuted_tokens_grad
-    check(g.dim() == 2 and tuple(g.shape) == tuple(restore_shape), op, "unpermuted_tokens_grad must be %s"
-          % (list(restore_shape),))
+    check(g.dim() == 2 and tuple(g.shape) == tuple(restore_shape), op, "unpermuted_tokens_grad must be %s",
+          (list(restore_shape),))
     slots = out_index.numel()
     check(permuted_token_id.numel() == slots, op, "out_index and permuted_token_id must have the same size")
     # token of each permuted slot
@@ -186,7 +186,7 @@ def npu_moe_token_unpermute_with_routing_map_grad(unpermuted_tokens_grad, out_in
     if probs is None:
         return grad_rows.to(g.dtype), None
     t, e = probs.shape
-    check(slots % e == 0, op, "out_index size %d is not experts_num (%d) * capacity" % (slots, e))
+    check(slots % e == 0, op, "out_index size %d is not experts_num (%d) * capacity", (slots, e))
     expert_of_slot = torch.div(torch.arange(slots, device=g.device), slots // e, rounding_mode="floor")
     flat = expert_of_slot * t + token_of_slot                     # index into probs.T flattened
     slot_probs = probs.t().reshape(-1).index_select(0, flat)

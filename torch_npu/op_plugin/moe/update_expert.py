@@ -27,7 +27,7 @@ def _place_column(op, counts, rows, local_rank_id, world_size, balance_mode):
     """Column of eplb_table read for each slot (1-based, after the count column)."""
     if balance_mode == 0:
         check(world_size >= 1 and 0 <= local_rank_id < world_size, op,
-              "balance_mode=0 needs 0 <= local_rank_id < world_size, got %d and %d" % (local_rank_id, world_size))
+              "balance_mode=0 needs 0 <= local_rank_id < world_size, got %d and %d", (local_rank_id, world_size))
         per_replica = torch.div(world_size + counts - 1, counts, rounding_mode="floor")  # ceil(world_size / count)
         place = torch.div(torch.full_like(counts, local_rank_id), per_replica, rounding_mode="floor")
     else:
@@ -39,11 +39,11 @@ def _place_column(op, counts, rows, local_rank_id, world_size, balance_mode):
 def npu_moe_update_expert(expert_ids, eplb_table, *, expert_scales=None, pruning_threshold=None,
                           active_mask=None, local_rank_id=-1, world_size=-1, balance_mode=0):
     """See the module doc."""
-    check(expert_ids.dim() == 2, _OP, "expert_ids must be 2D (BS, K), got %dD" % expert_ids.dim())
+    check(expert_ids.dim() == 2, _OP, "expert_ids must be 2D (BS, K), got %dD", expert_ids.dim())
     check(expert_ids.dtype in (torch.int32, torch.int64), _OP, "expert_ids must be int32 or int64")
     check(eplb_table.dim() == 2 and eplb_table.size(1) >= 2, _OP,
-          "eplb_table must be 2D (log_expert_num, F) with F >= 2, got %s" % (tuple(eplb_table.shape),))
-    check(balance_mode in (0, 1), _OP, "balance_mode must be 0 or 1, got %r" % (balance_mode,))
+          "eplb_table must be 2D (log_expert_num, F) with F >= 2, got %s", (tuple(eplb_table.shape),))
+    check(balance_mode in (0, 1), _OP, "balance_mode must be 0 or 1, got %r", (balance_mode,))
     check((expert_scales is None) == (pruning_threshold is None), _OP,
           "expert_scales and pruning_threshold must be given together")
     check(active_mask is None or expert_scales is not None, _OP,

@@ -41,7 +41,7 @@ _NORM_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
 def _check_float(op, name, t):
-    check(t.dtype in _NORM_DTYPES, op, "%s must be float16, bfloat16 or float32, got %s" % (name, t.dtype))
+    check(t.dtype in _NORM_DTYPES, op, "%s must be float16, bfloat16 or float32, got %s", (name, t.dtype))
 
 
 def _compute_dtype(*tensors):
@@ -80,8 +80,8 @@ def npu_add_layer_norm(x1, x2, gamma, beta, epsilon=1e-05, additional_output=Fal
     op = "npu_add_layer_norm"
     for name, t in (("x1", x1), ("x2", x2), ("gamma", gamma), ("beta", beta)):
         _check_float(op, name, t)
-    check(x1.shape == x2.shape, op, "x1 %s and x2 %s must have the same shape" % (tuple(x1.shape), tuple(x2.shape)))
-    check(beta.shape == gamma.shape, op, "beta %s must have gamma's shape %s" % (tuple(beta.shape), tuple(gamma.shape)))
+    check(x1.shape == x2.shape, op, "x1 %s and x2 %s must have the same shape", (tuple(x1.shape), tuple(x2.shape)))
+    check(beta.shape == gamma.shape, op, "beta %s must have gamma's shape %s", (tuple(beta.shape), tuple(gamma.shape)))
     dims = _norm_dims(op, x1, gamma)
     out_dtype = x1.dtype if x1.dtype == x2.dtype else torch.float32
     cd = _compute_dtype(x1, x2)
@@ -101,7 +101,7 @@ def npu_add_layer_norm_backward(dy_opt, x1, x2, rstd, mean, gamma, dsum_opt):
     ``dsum`` (both optional, None counts as zeros). ``dx`` has x1's dtype; ``dgamma`` and
     ``dbeta`` are float32 with gamma's shape."""
     op = "npu_add_layer_norm_backward"
-    check(x1.shape == x2.shape, op, "x1 %s and x2 %s must have the same shape" % (tuple(x1.shape), tuple(x2.shape)))
+    check(x1.shape == x2.shape, op, "x1 %s and x2 %s must have the same shape", (tuple(x1.shape), tuple(x2.shape)))
     dims = _norm_dims(op, x1, gamma)
     n_lead = x1.dim() - gamma.dim()
     lead = list(x1.shape[:n_lead]) + [1] * gamma.dim()
@@ -109,8 +109,8 @@ def npu_add_layer_norm_backward(dy_opt, x1, x2, rstd, mean, gamma, dsum_opt):
     for s in x1.shape[:n_lead]:
         n_rows *= s
     for name, t in (("mean", mean), ("rstd", rstd)):
-        check(t.numel() == n_rows, op, "%s must hold one value per row (%d), got shape %s"
-              % (name, n_rows, tuple(t.shape)))
+        check(t.numel() == n_rows, op, "%s must hold one value per row (%d), got shape %s",
+              (name, n_rows, tuple(t.shape)))
     cd = _compute_dtype(x1, x2)
     xf = x1.to(cd) + x2.to(cd)
     r = _stat(rstd, lead).to(cd)
@@ -134,8 +134,8 @@ def npu_deep_norm(x, gx, beta, gamma, alpha=0.3, epsilon=1e-06):
     op = "npu_deep_norm"
     for name, t in (("x", x), ("gx", gx), ("beta", beta), ("gamma", gamma)):
         _check_float(op, name, t)
-    check(x.shape == gx.shape, op, "x %s and gx %s must have the same shape" % (tuple(x.shape), tuple(gx.shape)))
-    check(beta.shape == gamma.shape, op, "beta %s must have gamma's shape %s" % (tuple(beta.shape), tuple(gamma.shape)))
+    check(x.shape == gx.shape, op, "x %s and gx %s must have the same shape", (tuple(x.shape), tuple(gx.shape)))
+    check(beta.shape == gamma.shape, op, "beta %s must have gamma's shape %s", (tuple(beta.shape), tuple(gamma.shape)))
     dims = _norm_dims(op, x, gamma)
     xf = alpha * acc(x) + acc(gx)
     mean, rstd = _layer_norm_stats(xf, dims, epsilon)
@@ -150,8 +150,8 @@ def npu_deep_norm_backward(dy, x, gx, gamma, mean, rstd, alpha=0.3):
     gradient at ``x' = alpha * x + gx``, ``dx = alpha * dgx``; ``dbeta = sum dy``,
     ``dgamma = sum dy * xhat`` (float32, gamma's shape)."""
     op = "npu_deep_norm_backward"
-    check(x.shape == gx.shape == dy.shape, op, "dy %s, x %s and gx %s must have the same shape"
-          % (tuple(dy.shape), tuple(x.shape), tuple(gx.shape)))
+    check(x.shape == gx.shape == dy.shape, op, "dy %s, x %s and gx %s must have the same shape",
+          (tuple(dy.shape), tuple(x.shape), tuple(gx.shape)))
     dims = _norm_dims(op, x, gamma)
     n_lead = x.dim() - gamma.dim()
     lead = list(x.shape[:n_lead]) + [1] * gamma.dim()
@@ -189,7 +189,7 @@ def _add_rms_norm(op, x1, x2, gamma, epsilon):
     """(y float, rstd, x float) of RmsNorm(x1 + x2) * gamma, validated."""
     for name, t in (("x1", x1), ("x2", x2), ("gamma", gamma)):
         _check_float(op, name, t)
-    check(x1.shape == x2.shape, op, "x1 %s and x2 %s must have the same shape" % (tuple(x1.shape), tuple(x2.shape)))
+    check(x1.shape == x2.shape, op, "x1 %s and x2 %s must have the same shape", (tuple(x1.shape), tuple(x2.shape)))
     dims = _norm_dims(op, x1, gamma)
     xf = acc(x1) + acc(x2)
     rstd = _rms(xf, dims, epsilon)
@@ -202,7 +202,7 @@ def npu_add_rms_norm_cast(x1, x2, gamma, epsilon=1e-06):
     (float16/bfloat16), ``y1 = float(y2)``, ``x = x1 + x2``."""
     op = "npu_add_rms_norm_cast"
     check(x1.dtype in (torch.float16, torch.bfloat16), op,
-          "x1 must be float16 or bfloat16, got %s" % x1.dtype)
+          "x1 must be float16 or bfloat16, got %s", x1.dtype)
     y, rstd, xf = _add_rms_norm(op, x1, x2, gamma, epsilon)
     y2 = y.to(x1.dtype)
     return y2.float(), y2, rstd, xf.to(x1.dtype)
@@ -235,10 +235,10 @@ def npu_layernorm_grad(grad_out, input, normalized_shape, mean, rstd, weight, bi
     op = "npu_layernorm_grad"
     k = len(normalized_shape)
     check(1 <= k <= input.dim() and tuple(input.shape[input.dim() - k:]) == tuple(normalized_shape), op,
-          "Given normalized_shape=%s, expected input with shape [*, %s], but got input of size %s"
-          % (list(normalized_shape), ", ".join(str(s) for s in normalized_shape), list(input.shape)))
-    check(grad_out.shape == input.shape, op, "grad_out %s must have the input's shape %s"
-          % (tuple(grad_out.shape), tuple(input.shape)))
+          "Given normalized_shape=%s, expected input with shape [*, %s], but got input of size %s",
+          (list(normalized_shape), ", ".join(str(s) for s in normalized_shape), list(input.shape)))
+    check(grad_out.shape == input.shape, op, "grad_out %s must have the input's shape %s",
+          (tuple(grad_out.shape), tuple(input.shape)))
     n_lead = input.dim() - k
     dims = list(range(n_lead, input.dim()))
     lead = list(input.shape[:n_lead]) + [1] * k

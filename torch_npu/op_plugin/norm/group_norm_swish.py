@@ -21,11 +21,11 @@ __all__ = []
 
 
 def _check(op, input, num_groups, weight, bias):
-    check(2 <= input.dim() <= 8, op, "input must have 2 to 8 dims, got %d" % input.dim())
+    check(2 <= input.dim() <= 8, op, "input must have 2 to 8 dims, got %d", input.dim())
     c = input.shape[1]
-    check(num_groups > 0 and c % num_groups == 0, op, "C=%d must be divisible by num_groups=%d" % (c, num_groups))
+    check(num_groups > 0 and c % num_groups == 0, op, "C=%d must be divisible by num_groups=%d", (c, num_groups))
     for name, t in (("weight", weight), ("bias", bias)):
-        check(t.dim() == 1 and t.shape[0] == c, op, "%s must be 1-d of length C=%d" % (name, c))
+        check(t.dim() == 1 and t.shape[0] == c, op, "%s must be 1-d of length C=%d", (name, c))
 
 
 def _swish_scale(v):
@@ -91,7 +91,7 @@ def npu_group_norm_silu(input, weight, bias, group, eps=1e-5):
     op = "npu_group_norm_silu"
     check(input.dim() >= 2, op, "input must be (N, C, *)")
     n, c = input.size(0), input.size(1)
-    check(group > 0 and c % group == 0, op, "C=%d must be divisible by group=%d" % (c, group))
+    check(group > 0 and c % group == 0, op, "C=%d must be divisible by group=%d", (c, group))
     x = acc(input)
     xg = x.reshape(n, group, -1)
     mean = xg.mean(-1)

@@ -10,9 +10,9 @@ __all__ = []
 
 def _norm_dims(op, x, gamma):
     k = gamma.dim()
-    check(1 <= k <= x.dim(), op, "gamma must have 1..%d dims, got %d" % (x.dim(), k))
+    check(1 <= k <= x.dim(), op, "gamma must have 1..%d dims, got %d", (x.dim(), k))
     check(tuple(x.shape[x.dim() - k:]) == tuple(gamma.shape), op,
-          "gamma shape %s must equal the last %d dims of the input %s" % (tuple(gamma.shape), k, tuple(x.shape)))
+          "gamma shape %s must equal the last %d dims of the input %s", (tuple(gamma.shape), k, tuple(x.shape)))
     return list(range(x.dim() - k, x.dim()))
 
 

@@ -66,7 +66,7 @@ def _int8_only(op, argname, value):
 def _gamma_dims(op, x, gamma):
     k = gamma.dim()
     check(1 <= k <= x.dim() and tuple(x.shape[x.dim() - k:]) == tuple(gamma.shape), op,
-          "gamma shape %s must equal the last dims of x %s" % (tuple(gamma.shape), tuple(x.shape)))
+          "gamma shape %s must equal the last dims of x %s", (tuple(gamma.shape), tuple(x.shape)))
     return list(range(x.dim() - k, x.dim()))
 
 
@@ -82,18 +82,18 @@ def _to_int8(v):
 
 
 def _add_inputs(op, x1, x2, gamma):
-    check(x1.dtype in _X_DTYPES, op, "x1 must be float16 or bfloat16, got %s" % x1.dtype)
+    check(x1.dtype in _X_DTYPES, op, "x1 must be float16 or bfloat16, got %s", x1.dtype)
     check(x2.dtype == x1.dtype and x2.shape == x1.shape, op,
-          "x2 (%s %s) must have x1's dtype and shape (%s %s)"
-          % (x2.dtype, tuple(x2.shape), x1.dtype, tuple(x1.shape)))
-    check(gamma.dtype == x1.dtype, op, "gamma dtype %s must be x1's %s" % (gamma.dtype, x1.dtype))
+          "x2 (%s %s) must have x1's dtype and shape (%s %s)",
+          (x2.dtype, tuple(x2.shape), x1.dtype, tuple(x1.shape)))
+    check(gamma.dtype == x1.dtype, op, "gamma dtype %s must be x1's %s", (gamma.dtype, x1.dtype))
     return _gamma_dims(op, x1, gamma), x1.float() + x2.float()
 
 
 def _like_gamma(op, name, t, gamma):
     if t is not None:
-        check(tuple(t.shape) == tuple(gamma.shape), op, "%s shape %s must be gamma's %s"
-              % (name, tuple(t.shape), tuple(gamma.shape)))
+        check(tuple(t.shape) == tuple(gamma.shape), op, "%s shape %s must be gamma's %s",
+              (name, tuple(t.shape), tuple(gamma.shape)))
 
 
 @impl("npu_rms_norm_quant")
@@ -101,13 +101,13 @@ def npu_rms_norm_quant(x, gamma, beta, scale, offset, epsilon=1e-06, *, dst_dtyp
     """int8 ``round(RmsNorm(x) * gamma + beta) * scale + offset)`` with x's shape."""
     op = "npu_rms_norm_quant"
     _int8_only(op, "dst_dtype", dst_dtype)
-    check(x.dtype in _X_DTYPES + (torch.float32,), op, "x must be float16, bfloat16 or float32, got %s" % x.dtype)
+    check(x.dtype in _X_DTYPES + (torch.float32,), op, "x must be float16, bfloat16 or float32, got %s", x.dtype)
     n = x.shape[-1]
     for name, t in (("gamma", gamma), ("beta", beta)):
-        check(tuple(t.shape) in ((n,), (1, n)), op, "%s must be (%d,) or (1, %d), got %s"
-              % (name, n, n, tuple(t.shape)))
+        check(tuple(t.shape) in ((n,), (1, n)), op, "%s must be (%d,) or (1, %d), got %s",
+              (name, n, n, tuple(t.shape)))
     for name, t in (("scale", scale), ("offset", offset)):
-        check(tuple(t.shape) == (1,), op, "%s must have shape (1,), got %s" % (name, tuple(t.shape)))
+        check(tuple(t.shape) == (1,), op, "%s must have shape (1,), got %s", (name, tuple(t.shape)))
     y = _rms_norm(x.float(), gamma.reshape(n), beta.reshape(n), [x.dim() - 1], epsilon)
     return _to_int8(y * scale.float() + offset.float())
 
@@ -153,7 +153,7 @@ def npu_add_rms_norm_dynamic_quant(x1, x2, gamma, *, smooth_scale1=None, smooth_
     _int8_only(op, "y_dtype", y_dtype)
     check(2 <= x1.dim() <= 8, op, "The x1 should be in 2~8D")
     dims, x = _add_inputs(op, x1, x2, gamma)
-    check(gamma.dim() == 1, op, "gamma must be 1-D, got %d-D" % gamma.dim())
+    check(gamma.dim() == 1, op, "gamma must be 1-D, got %d-D", gamma.dim())
     for name, t in (("smooth_scale1", smooth_scale1), ("smooth_scale2", smooth_scale2), ("beta", beta)):
         _like_gamma(op, name, t, gamma)
     if output_mask is not None:
@@ -182,8 +182,8 @@ _INT8_CODE = 1
 
 
 def _per_channel(op, name, t, n):
-    check(t.dtype in _FLOATS, op, "%s must be float16, bfloat16 or float32, got %s" % (name, t.dtype))
-    check(t.numel() in (1, n), op, "%s must hold 1 or %d values, got shape %s" % (name, n, tuple(t.shape)))
+    check(t.dtype in _FLOATS, op, "%s must be float16, bfloat16 or float32, got %s", (name, t.dtype))
+    check(t.numel() in (1, n), op, "%s must hold 1 or %d values, got shape %s", (name, n, tuple(t.shape)))
     return t.float().reshape(-1)
 
 
@@ -195,18 +195,18 @@ def npu_rms_norm_quant_v2(x, gamma, scale, *, offset=None, beta=None, epsilon=1e
     if code != _INT8_CODE:
         raise NotImplementedError("%s: dst_dtype=%r is not supported by the CPU-emulated NPU (only int8)"
                                   % (op, dst_dtype))
-    check(x.dtype in _FLOATS, op, "x must be float16, bfloat16 or float32, got %s" % x.dtype)
-    check(1 <= x.dim() <= 8, op, "x must have 1 to 8 dims, got %d" % x.dim())
+    check(x.dtype in _FLOATS, op, "x must be float16, bfloat16 or float32, got %s", x.dtype)
+    check(1 <= x.dim() <= 8, op, "x must have 1 to 8 dims, got %d", x.dim())
     if gamma.dim() != 1:
         raise NotImplementedError("%s: gamma with %d dims is not supported by the CPU-emulated NPU (only 1-D)"
                                   % (op, gamma.dim()))
     n = x.shape[-1]
-    check(gamma.shape[0] == n, op, "gamma must be [%d], got %s" % (n, tuple(gamma.shape)))
+    check(gamma.shape[0] == n, op, "gamma must be [%d], got %s", (n, tuple(gamma.shape)))
     xf = x.float()
     rstd = torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + epsilon)
     v = xf * rstd * gamma.float()
     if beta is not None:
-        check(tuple(beta.shape) == (n,), op, "beta must be [%d], got %s" % (n, tuple(beta.shape)))
+        check(tuple(beta.shape) == (n,), op, "beta must be [%d], got %s", (n, tuple(beta.shape)))
         v = v + beta.float()
     s = _per_channel(op, "scale", scale, n)
     v = v / s if div_mode else v * s
@@ -229,11 +229,11 @@ def _npu_rms_norm_backward_quant(dy, x, rstd, gamma, scale_x, *, offset_x=None, 
     if scale_x.numel() != 1:
         raise NotImplementedError("%s: a per-channel scale_x (%d values) is not supported by the CPU-emulated NPU "
                                   "(only one value, as in the golden)" % (op, scale_x.numel()))
-    check(dy.shape == x.shape, op, "dy must have x's shape %s, got %s" % (tuple(x.shape), tuple(dy.shape)))
-    check(1 <= gamma.dim() <= x.dim(), op, "gamma must have 1 to %d dims, got %d" % (x.dim(), gamma.dim()))
+    check(dy.shape == x.shape, op, "dy must have x's shape %s, got %s", (tuple(x.shape), tuple(dy.shape)))
+    check(1 <= gamma.dim() <= x.dim(), op, "gamma must have 1 to %d dims, got %d", (x.dim(), gamma.dim()))
     lead = list(x.shape[:x.dim() - gamma.dim()])
-    check(rstd.numel() == max(1, _numel(lead)), op, "rstd must hold one value per normalised row (%s), got %s"
-          % (tuple(lead), tuple(rstd.shape)))
+    check(rstd.numel() == max(1, _numel(lead)), op, "rstd must hold one value per normalised row (%s), got %s",
+          (tuple(lead), tuple(rstd.shape)))
     rstd_kept = rstd.reshape(lead + [1] * gamma.dim())
     dx, dgamma = torch.ops.npu.npu_rms_norm_backward(dy, x, gamma, rstd_kept)
     dq = torch.ops.npu.npu_quantize(dx, scale_x.reshape(1), offset_x, 1 if dst_type is None else dst_type,

@@ -48,16 +48,16 @@ def npu_anti_mx_quant(x, mxscale, *, axis=-1, dst_type=15, src_type=292):
     dst = dst_type if isinstance(dst_type, torch.dtype) else _DEQUANT_DST.get(int(dst_type))
     if dst not in _DEQUANT_DST.values():
         unsupported(op, "dst_type=%r (float16 / float32 / bfloat16)" % (dst_type,))
-    check(1 <= x.dim() <= 7, op, "X dimNum should be between 1 and 7, got %d" % x.dim())
-    check(axis in (-1, x.dim() - 1), op, "only the last axis is supported, got axis=%d" % axis)
-    check(x.dtype == src, op, "For float8, x dtype must be same as src_type, please check (x %s, src_type %s)"
-          % (x.dtype, src))
+    check(1 <= x.dim() <= 7, op, "X dimNum should be between 1 and 7, got %d", x.dim())
+    check(axis in (-1, x.dim() - 1), op, "only the last axis is supported, got axis=%d", axis)
+    check(x.dtype == src, op, "For float8, x dtype must be same as src_type, please check (x %s, src_type %s)",
+          (x.dtype, src))
     n = x.shape[-1]
     pairs = (-(-n // _MX_BLOCK) + 1) // 2
     check(mxscale.dim() == x.dim() + 1 and tuple(mxscale.shape) == tuple(x.shape[:-1]) + (pairs, 2), op,
-          "mxscale must have shape %s, got %s" % (tuple(x.shape[:-1]) + (pairs, 2), tuple(mxscale.shape)))
+          "mxscale must have shape %s, got %s", (tuple(x.shape[:-1]) + (pairs, 2), tuple(mxscale.shape)))
     check(mxscale.dtype in (torch.uint8, torch.float8_e8m0fnu), op,
-          "mxscale must be float8_e8m0fnu (stored as uint8), got %s" % mxscale.dtype)
+          "mxscale must be float8_e8m0fnu (stored as uint8), got %s", mxscale.dtype)
     factor = _e8m0_values(mxscale).reshape(*x.shape[:-1], 2 * pairs)
     factor = factor.repeat_interleave(_MX_BLOCK, dim=-1)[..., :n]
     return (x.float() * factor).to(dst)
@@ -73,14 +73,14 @@ def npu_quant_max(x, scale, *, round_mode="rint", dst_dtype=291, group_list=None
     if round_mode != "rint":
         unsupported(op, "round_mode=%r (only 'rint' for float8)" % (round_mode,))
     check(x.dtype in (torch.float16, torch.bfloat16, torch.float32), op,
-          "x must be float16, bfloat16 or float32, got %s" % x.dtype)
+          "x must be float16, bfloat16 or float32, got %s", x.dtype)
     xf = x.float()
     if group_list is None:
-        check(scale.numel() == 1, op, "scale must hold one value, got shape %s" % (tuple(scale.shape),))
+        check(scale.numel() == 1, op, "scale must hold one value, got shape %s", (tuple(scale.shape),))
         return (xf / scale.float().reshape(())).to(dst), xf.abs().amax().reshape(1).to(x.dtype)
     check(group_list.dim() == 1 and scale.dim() == 1 and scale.shape[0] == group_list.shape[0], op,
-          "group_list and scale must be 1-D of the same length, got %s and %s"
-          % (tuple(group_list.shape), tuple(scale.shape)))
+          "group_list and scale must be 1-D of the same length, got %s and %s",
+          (tuple(group_list.shape), tuple(scale.shape)))
     groups = group_list.shape[0]
     rows = torch.arange(x.shape[0], device=x.device, dtype=group_list.dtype)
     gid = torch.searchsorted(group_list.contiguous(), rows, right=True)

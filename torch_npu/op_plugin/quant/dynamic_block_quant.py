@@ -28,8 +28,8 @@ def npu_dynamic_block_quant(x, *, min_scale=0.0, round_mode="rint", dst_type=1, 
                                  ("col_block_size", col_block_size, 128), ("dst_type_max", dst_type_max, 0.0)):
         if value != allowed:
             raise NotImplementedError("%s: %s=%r is not supported (only %r)" % (op, name, value, allowed))
-    check(x.dtype in (torch.float16, torch.bfloat16), op, "x must be float16 or bfloat16, got %s" % x.dtype)
-    check(x.dim() in (2, 3), op, "x must be 2-d or 3-d, got %d-d" % x.dim())
+    check(x.dtype in (torch.float16, torch.bfloat16), op, "x must be float16 or bfloat16, got %s", x.dtype)
+    check(x.dim() in (2, 3), op, "x must be 2-d or 3-d, got %d-d", x.dim())
     n = x.shape[-1]
     blocks = -(-n // col_block_size)
     xf = x.float()

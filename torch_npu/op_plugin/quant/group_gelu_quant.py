@@ -35,16 +35,16 @@ def npu_group_quant(x, scale, group_index, *, offset=None, dst_dtype=None):
     op = "npu_group_quant"
     if dst_dtype not in (None, torch.int8, torch.qint8):
         unsupported(op, "dst_dtype=%s (only int8)" % dst_dtype)
-    check(x.dim() == 2, op, "x must be 2-D, got %d-D" % x.dim())
-    check(x.dtype in _FLOATS, op, "x must be float32, float16 or bfloat16, got %s" % x.dtype)
+    check(x.dim() == 2, op, "x must be 2-D, got %d-D", x.dim())
+    check(x.dtype in _FLOATS, op, "x must be float32, float16 or bfloat16, got %s", x.dtype)
     check(scale.dim() == 2 and scale.shape[0] > 0 and scale.shape[1] == x.shape[1], op,
-          "scale must be 2-D [G, %d], got %s" % (x.shape[1], tuple(scale.shape)))
+          "scale must be 2-D [G, %d], got %s", (x.shape[1], tuple(scale.shape)))
     check(group_index.dim() == 1 and group_index.shape[0] == scale.shape[0], op,
-          "group_index must be 1-D of length %d, got %s" % (scale.shape[0], tuple(group_index.shape)))
+          "group_index must be 1-D of length %d, got %s", (scale.shape[0], tuple(group_index.shape)))
     check(group_index.dtype in (torch.int32, torch.int64), op,
-          "group_index must be int32 or int64, got %s" % group_index.dtype)
+          "group_index must be int32 or int64, got %s", group_index.dtype)
     if offset is not None:
-        check(offset.numel() == 1, op, "offset must be a single number, got shape %s" % (tuple(offset.shape),))
+        check(offset.numel() == 1, op, "offset must be a single number, got shape %s", (tuple(offset.shape),))
     rows = torch.arange(x.shape[0], device=x.device, dtype=group_index.dtype)
     # group of row r: how many cumulative ends are <= r (clamped so a short group_index stays in range)
     gid = torch.searchsorted(group_index.contiguous(), rows, right=True).clamp(max=scale.shape[0] - 1)
@@ -60,13 +60,13 @@ def npu_gelu_quant(self, *, input_scale=None, input_offset=None, approximate='no
     """``(y int8, scale)`` of GELU followed by static or per-row dynamic quantisation."""
     op = "npu_gelu_quant"
     check(quant_mode in ("dynamic", "static"), op,
-          "Parameter quant_mode must be 'dynamic' or 'static', got: %s" % quant_mode)
-    check(approximate in ("none", "tanh"), op, "approximate must be 'none' or 'tanh', got %r" % (approximate,))
+          "Parameter quant_mode must be 'dynamic' or 'static', got: %s", quant_mode)
+    check(approximate in ("none", "tanh"), op, "approximate must be 'none' or 'tanh', got %r", (approximate,))
     if dst_type not in (None, 1, torch.int8):
         unsupported(op, "dst_type=%r (only int8)" % (dst_type,))
     if round_mode != "rint":
         unsupported(op, "round_mode=%r (only 'rint' for int8)" % (round_mode,))
-    check(self.dtype in _FLOATS, op, "self must be float32, float16 or bfloat16, got %s" % self.dtype)
+    check(self.dtype in _FLOATS, op, "self must be float32, float16 or bfloat16, got %s", self.dtype)
     g = F.gelu(self.float(), approximate=approximate)
     if quant_mode == "static":
         check(input_scale is not None, op, "input_scale is required when quant_mode is 'static'")

@@ -75,8 +75,8 @@ def unpack_int4_weight(weight, op):
 
     ``(k, n / 8)`` packed along n, or the transposed view ``(k / 8, n)`` of a contiguous
     ``(n, k / 8)`` tensor packed along k (see the module doc)."""
-    check(weight.dtype == torch.int32, op, "int4 weight must be int32-packed, got %s" % weight.dtype)
-    check(weight.dim() == 2, op, "weight must be 2-d, got %d dims" % weight.dim())
+    check(weight.dtype == torch.int32, op, "int4 weight must be int32-packed, got %s", weight.dtype)
+    check(weight.dim() == 2, op, "weight must be 2-d, got %d dims", weight.dim())
     return unpack_int4(weight, dim=-2 if is_transposed_last_two(weight) else -1)
 
 
@@ -86,11 +86,11 @@ def npu_convert_weight_to_int4pack(weight, inner_k_tiles=0):
     ``j`` of each group of 8 in bits ``4j .. 4j+3`` (see the module doc)."""
     op = "npu_convert_weight_to_int4pack"
     check(weight.is_contiguous(), op, "weight should be contiguous")
-    check(weight.dim() == 2, op, "weight shape only support dim num 2, but it is %d" % weight.dim())
-    check(weight.dtype == torch.int32, op, "weight dtype only support int32, but it is %s" % weight.dtype)
+    check(weight.dim() == 2, op, "weight shape only support dim num 2, but it is %d", weight.dim())
+    check(weight.dtype == torch.int32, op, "weight dtype only support int32, but it is %s", weight.dtype)
     check(weight.shape[0] > 0 and weight.shape[1] > 0, op, "weight dim should be greater than 0")
     check(weight.shape[1] % NIBBLES_PER_INT32 == 0, op,
-          "weight last dim should be the multiple of 8, but it is %d" % weight.shape[1])
+          "weight last dim should be the multiple of 8, but it is %d", weight.shape[1])
     packed = pack_int4(weight)
     if formats._format_of(weight) == _FRACTAL_NZ:
         formats._tag(packed, _FRACTAL_NZ, op)

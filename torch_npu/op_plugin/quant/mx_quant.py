@@ -92,14 +92,14 @@ def check_mx_args(op, fmt, round_mode, scale_alg, dst_type_max):
     """Validate the arguments shared by the MX quantisers (the aclnn docs' rules); returns scale_alg."""
     scale_alg = 0 if scale_alg is None else int(scale_alg)
     if fmt.dtype is not None:
-        check(round_mode == "rint", op, "round_mode only supports 'rint' for float8 dst_type, got %r" % (round_mode,))
-        check(scale_alg in (0, 1), op, "scale_alg only supports 0 and 1 for float8 dst_type, got %d" % scale_alg)
+        check(round_mode == "rint", op, "round_mode only supports 'rint' for float8 dst_type, got %r", (round_mode,))
+        check(scale_alg in (0, 1), op, "scale_alg only supports 0 and 1 for float8 dst_type, got %d", scale_alg)
     else:
         check(round_mode in ("rint", "floor", "round"), op,
-              "round_mode only supports 'rint', 'floor' and 'round' for float4 dst_type, got %r" % (round_mode,))
+              "round_mode only supports 'rint', 'floor' and 'round' for float4 dst_type, got %r", (round_mode,))
         if scale_alg == 2:
             unsupported(op, "scale_alg=2 (the DynamicDtypeRange scale of float4)")
-        check(scale_alg == 0, op, "scale_alg only supports 0 for float4 dst_type, got %d" % scale_alg)
+        check(scale_alg == 0, op, "scale_alg only supports 0 for float4 dst_type, got %d", scale_alg)
     if dst_type_max not in (None, 0.0):
         unsupported(op, "dst_type_max=%r (documented only for float4 with scale_alg=2)" % (dst_type_max,))
     return scale_alg
@@ -186,12 +186,12 @@ def mx_quantize(x, axis, fmt, scale_alg, block=32, max_low_bound=0.0, round_mode
 
 def check_fp4_last_dim(op, fmt, x):
     check(fmt.dtype is not None or x.shape[-1] % 2 == 0, op,
-          "the last dim of x (%d) must be divisible by 2 for a float4 dst_type" % x.shape[-1])
+          "the last dim of x (%d) must be divisible by 2 for a float4 dst_type", x.shape[-1])
 
 
 def check_x(op, x, lo, hi):
-    check(x.dtype in _X_DTYPES, op, "x dtype must be float16, bfloat16 or float32, got %s" % x.dtype)
-    check(lo <= x.dim() <= hi, op, "x must be %d-D to %d-D, got %d-D" % (lo, hi, x.dim()))
+    check(x.dtype in _X_DTYPES, op, "x dtype must be float16, bfloat16 or float32, got %s", x.dtype)
+    check(lo <= x.dim() <= hi, op, "x must be %d-D to %d-D, got %d-D", (lo, hi, x.dim()))
 
 
 @impl("npu_dynamic_mx_quant")
@@ -218,8 +218,8 @@ def npu_dynamic_mx_quant_with_dual_axis(input, *, round_mode="rint", dst_type=29
     """``(y1, mxscale1, y2, mxscale2)``: MX quantisation along the last axis and the second-to-last."""
     op = "npu_dynamic_mx_quant_with_dual_axis"
     check(input.dtype in (torch.float16, torch.bfloat16), op,
-          "x dtype must be float16 or bfloat16, got %s" % input.dtype)
-    check(2 <= input.dim() <= 8, op, "x must be at least 2-D, got %d-D" % input.dim())
+          "x dtype must be float16 or bfloat16, got %s", input.dtype)
+    check(2 <= input.dim() <= 8, op, "x must be at least 2-D, got %d-D", input.dim())
     fmt = mx_destination(op, "dst_type", dst_type)
     check_fp4_last_dim(op, fmt, input)
     alg = check_mx_args(op, fmt, round_mode, scale_alg, dst_type_max)
@@ -239,21 +239,21 @@ def npu_dynamic_mx_quant_with_dual_axis(input, *, round_mode="rint", dst_type=29
 
 
 def _check_norm_args(op, x, gamma, beta):
-    check(x.dtype in (torch.float16, torch.bfloat16), op, "x dtype must be float16 or bfloat16, got %s" % x.dtype)
-    check(1 <= x.dim() <= 7, op, "The x should be in 1~7D, got %d-D" % x.dim())
+    check(x.dtype in (torch.float16, torch.bfloat16), op, "x dtype must be float16 or bfloat16, got %s", x.dtype)
+    check(1 <= x.dim() <= 7, op, "The x should be in 1~7D, got %d-D", x.dim())
     check(gamma.dim() == 1 and gamma.shape[0] == x.shape[-1], op,
-          "gamma must be 1-D with the last dim of x (%d), got %s" % (x.shape[-1], tuple(gamma.shape)))
+          "gamma must be 1-D with the last dim of x (%d), got %s", (x.shape[-1], tuple(gamma.shape)))
     check(gamma.dtype in (x.dtype, torch.float32), op,
-          "gamma dtype must be x's dtype or float32, got %s" % gamma.dtype)
+          "gamma dtype must be x's dtype or float32, got %s", gamma.dtype)
     if beta is not None:
         check(beta.shape == gamma.shape and beta.dtype == gamma.dtype, op,
-              "beta must have gamma's shape and dtype, got %s %s" % (tuple(beta.shape), beta.dtype))
+              "beta must have gamma's shape and dtype, got %s %s", (tuple(beta.shape), beta.dtype))
 
 
 def _rms_norm_mx(op, xf, out_dtype, gamma, beta, epsilon, scale_alg, round_mode, dst_type, want_rstd):
     fmt = mx_destination(op, "dst_type", dst_type)
     check(fmt.dtype is not None or xf.shape[-1] % 2 == 0, op,
-          "the last dim of x (%d) must be divisible by 2 for a float4 dst_type" % xf.shape[-1])
+          "the last dim of x (%d) must be divisible by 2 for a float4 dst_type", xf.shape[-1])
     alg = check_mx_args(op, fmt, round_mode, scale_alg, 0.0)
     rstd = torch.rsqrt((xf * xf).mean(-1, keepdim=True) + epsilon)
     normed = xf * rstd * gamma.float()
@@ -280,7 +280,7 @@ def npu_add_rms_norm_dynamic_mx_quant(x1, x2, gamma, *, beta=None, epsilon=1e-06
     """``(y, x, mxscale, rstd)`` with ``x = x1 + x2``: MX quantisation of RmsNorm(x) * gamma (+ beta)."""
     op = "npu_add_rms_norm_dynamic_mx_quant"
     check(x1.shape == x2.shape, op, "The shape of x1 and x2 must be the same")
-    check(x1.dtype == x2.dtype, op, "The dtype of x1 and x2 must be the same, got %s and %s" % (x1.dtype, x2.dtype))
+    check(x1.dtype == x2.dtype, op, "The dtype of x1 and x2 must be the same, got %s and %s", (x1.dtype, x2.dtype))
     check(x1.requires_grad == x2.requires_grad, op, "The requires_grad of x1 and x2 must be consistent")
     _check_norm_args(op, x1, gamma, beta)
     xf = x1.detach().float() + x2.detach().float()
@@ -336,15 +336,15 @@ def npu_grouped_dynamic_mx_quant(x, group_index, *, round_mode="rint", dst_type=
                                  dst_type_max=0.0):
     """``(y, mxscale)``: MX quantisation of x [M, N] along the rows, per group of rows."""
     op = "npu_grouped_dynamic_mx_quant"
-    check(x.dim() == 2, op, "Input x must be 2-dimensional, got dimNum %d" % x.dim())
-    check(group_index.dim() == 1, op, "Input group_index must be 1-dimensional, got dimNum %d" % group_index.dim())
-    check(x.dtype in (torch.float16, torch.bfloat16), op, "x dtype must be float16 or bfloat16, got %s" % x.dtype)
+    check(x.dim() == 2, op, "Input x must be 2-dimensional, got dimNum %d", x.dim())
+    check(group_index.dim() == 1, op, "Input group_index must be 1-dimensional, got dimNum %d", group_index.dim())
+    check(x.dtype in (torch.float16, torch.bfloat16), op, "x dtype must be float16 or bfloat16, got %s", x.dtype)
     check(group_index.dtype in (torch.int32, torch.int64), op,
-          "group_index dtype must be int32 or int64, got %s" % group_index.dtype)
-    check(blocksize == 32, op, "Parameter blocksize only supports 32, got %d" % blocksize)
+          "group_index dtype must be int32 or int64, got %s", group_index.dtype)
+    check(blocksize == 32, op, "Parameter blocksize only supports 32, got %d", blocksize)
     fmt = mx_destination(op, "dst_type", dst_type)
     check(fmt.dtype is not None, op,
-          "Parameter dst_type only supports torch.float8_e5m2(23), torch.float8_e4m3fn(24), got %r" % (dst_type,))
+          "Parameter dst_type only supports torch.float8_e5m2(23), torch.float8_e4m3fn(24), got %r", (dst_type,))
     alg = check_mx_args(op, fmt, round_mode, scale_alg, dst_type_max)
     return grouped_rows_mx(x, group_index, fmt, alg)
 
@@ -363,14 +363,14 @@ def npu_dynamic_block_mx_quant(input, *, round_mode="rint", dst_type=296, scale_
     """``(y, scale1, scale2)``: MX quantisation with one scale per 32 x 32 block of the last two dims."""
     op = "npu_dynamic_block_mx_quant"
     check(input.dtype in (torch.float16, torch.bfloat16), op,
-          "x dtype must be float16 or bfloat16, got %s" % input.dtype)
-    check(2 <= input.dim() <= 3, op, "x must be 2-D or 3-D, got %d-D" % input.dim())
+          "x dtype must be float16 or bfloat16, got %s", input.dtype)
+    check(2 <= input.dim() <= 3, op, "x must be 2-D or 3-D, got %d-D", input.dim())
     fmt = mx_destination(op, "dst_type", dst_type)
     check_fp4_last_dim(op, fmt, input)
     alg = 0 if scale_alg is None else int(scale_alg)
     if alg == 2 and fmt.dtype is None:
         unsupported(op, "scale_alg=2 (the DynamicDtypeRange scale of float4)")
-    check(alg == 0, op, "scale_alg only supports 0 (and 2 for float4_e2m1), got %d" % alg)
+    check(alg == 0, op, "scale_alg only supports 0 (and 2 for float4_e2m1), got %d", alg)
     check_mx_args(op, fmt, round_mode, alg, dst_type_max)
     m, n = input.shape[-2:]
     mb, nb = -(-m // 32), -(-n // 32)
@@ -418,20 +418,20 @@ def npu_swiglu_mx_quant(x, *, group_index=None, activate_dim=-1, activate_left=F
     """``(y, mxscale)``: MX quantisation (blocks of 32 along ``axis``) of a SwiGLU variant of x."""
     op = "npu_swiglu_mx_quant"
     n = x.dim()
-    check(x.dtype in (torch.float16, torch.bfloat16), op, "x dtype must be float16 or bfloat16, got %s" % x.dtype)
-    check(2 <= n <= 7, op, "x dim should be 2 to 7, got %d" % n)
+    check(x.dtype in (torch.float16, torch.bfloat16), op, "x dtype must be float16 or bfloat16, got %s", x.dtype)
+    check(2 <= n <= 7, op, "x dim should be 2 to 7, got %d", n)
     check(activate_dim in (-1, -2, n - 2, n - 1), op, "activate_dim should be in [-1, -2, x.dim()-2, x.dim()-1]")
     check(axis in (-1, -2, n - 2, n - 1), op, "axis should be in [-1, -2, x.dim()-2, x.dim()-1]")
-    check(swiglu_mode in (0, 1), op, "swiglu_mode only support 0 or 1, but got %r" % (swiglu_mode,))
+    check(swiglu_mode in (0, 1), op, "swiglu_mode only support 0 or 1, but got %r", (swiglu_mode,))
     check(math.isfinite(clamp_limit) and clamp_limit > 0.0, op, "clamp_limit should be positive finite")
     act, qdim = activate_dim % n, axis % n
-    check(x.shape[act] % 2 == 0, op, "the activate_dim of x (%d) must be even" % x.shape[act])
+    check(x.shape[act] % 2 == 0, op, "the activate_dim of x (%d) must be even", x.shape[act])
     if swiglu_mode == 1 and act != n - 1:
         unsupported(op, "swiglu_mode=1 with activate_dim=%d (the even/odd split of a non-last dim)" % activate_dim)
     if group_index is not None and (act != n - 1 or qdim != n - 1):
         unsupported(op, "group_index with activate_dim=%d, axis=%d (the grouped scale layout of a non-last "
                          "dim is not documented)" % (activate_dim, axis))
-    check(group_mode in (0, 1), op, "group_mode only support 0(count) or 1(cumsum), got %r" % (group_mode,))
+    check(group_mode in (0, 1), op, "group_mode only support 0(count) or 1(cumsum), got %r", (group_mode,))
     fmt = mx_destination(op, "dst_type", dst_type)
     alg = check_mx_args(op, fmt, round_mode, scale_alg, max_dtype_value)
     out = _swiglu_variant(x.float(), act, swiglu_mode, activate_left, clamp_limit, glu_alpha, glu_bias)
@@ -459,13 +459,13 @@ def npu_swiglu_mx_quant_with_dual_axis(x, *, group_index=None, activate_left=Tru
     op = "npu_swiglu_mx_quant_with_dual_axis"
     check(x.dim() >= 2, op, "The input x should be at least 2D")
     check(x.shape[-1] % 2 == 0, op, "The last dim of input must be divisible by 2")
-    check(x.dim() == 2, op, "x must be 2-D [M, 2N], got %d-D" % x.dim())
-    check(x.dtype in (torch.float16, torch.bfloat16), op, "x dtype must be float16 or bfloat16, got %s" % x.dtype)
+    check(x.dim() == 2, op, "x must be 2-D [M, 2N], got %d-D", x.dim())
+    check(x.dtype in (torch.float16, torch.bfloat16), op, "x dtype must be float16 or bfloat16, got %s", x.dtype)
     if group_index is None:
         unsupported(op, "group_index=None (the doc requires it; op-plugin's adapter and the kernel doc disagree "
                          "on the scale2 rows without it)")
     check(group_index.dim() == 1 and group_index.dtype == torch.int64, op,
-          "group_index must be a 1-D int64 tensor, got %d-D %s" % (group_index.dim(), group_index.dtype))
+          "group_index must be a 1-D int64 tensor, got %d-D %s", (group_index.dim(), group_index.dtype))
     fmt = mx_destination(op, "dst_type", dst_type)
     alg = 0 if scale_alg is None else int(scale_alg)
     if fmt is not E4M3 or alg != 1:
@@ -497,12 +497,12 @@ def _npu_swiglu_backward_mx_quant_with_dual_axis(x, y_grad, *, group_index=None,
     """``(y1, mxscale1, y2, mxscale2)``: the SwiGLU input gradient MX-quantised along -1 and -2."""
     op = "_npu_swiglu_backward_mx_quant_with_dual_axis"
     check(x.dim() >= 2, op, "The input x should be at least 2D")
-    check(x.dim() == 2, op, "x must be 2-D [M, 2N], got %d-D" % x.dim())
+    check(x.dim() == 2, op, "x must be 2-D [M, 2N], got %d-D", x.dim())
     check(x.shape[-1] % 2 == 0, op, "The last dim of input must be divisible by 2")
     check(list(y_grad.shape) == [x.shape[0], x.shape[1] // 2], op,
-          "y_grad %s must be x %s with the last dim halved" % (tuple(y_grad.shape), tuple(x.shape)))
+          "y_grad %s must be x %s with the last dim halved", (tuple(y_grad.shape), tuple(x.shape)))
     check(x.dtype in (torch.float16, torch.bfloat16) and y_grad.dtype == x.dtype, op,
-          "x and y_grad must be float16 or bfloat16 of the same dtype, got %s and %s" % (x.dtype, y_grad.dtype))
+          "x and y_grad must be float16 or bfloat16 of the same dtype, got %s and %s", (x.dtype, y_grad.dtype))
     fmt = mx_destination(op, "dst_type", dst_type)
     alg = 0 if scale_alg is None else int(scale_alg)
     if fmt is not E4M3 or alg != 1:
@@ -521,6 +521,6 @@ def _npu_swiglu_backward_mx_quant_with_dual_axis(x, y_grad, *, group_index=None,
         y2, s2 = mx_quantize(grad, -2, fmt, alg)
     else:
         check(group_index.dim() == 1 and group_index.dtype == torch.int64, op,
-              "group_index must be a 1-D int64 tensor, got %d-D %s" % (group_index.dim(), group_index.dtype))
+              "group_index must be a 1-D int64 tensor, got %d-D %s", (group_index.dim(), group_index.dtype))
         y2, s2 = grouped_rows_mx(grad, group_index, fmt, alg)
     return y1, s1, y2, s2

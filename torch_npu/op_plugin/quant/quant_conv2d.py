@@ -24,7 +24,7 @@ __all__ = []
 
 def _pair(v, name, op):
     v = [int(x) for x in v] if isinstance(v, (list, tuple)) else [int(v)]
-    check(len(v) in (1, 2), op, "%s must have 1 or 2 values, got %r" % (name, v))
+    check(len(v) in (1, 2), op, "%s must have 1 or 2 values, got %r", (name, v))
     return v * 2 if len(v) == 1 else v
 
 
@@ -50,12 +50,12 @@ def npu_quant_conv2d(input, weight, scale, strides=1, pads=0, dilations=1, group
     if scale.dtype == torch.int64:
         scale = _unpack_scale(op, scale)
     check(scale.dtype == torch.float32 and scale.numel() == cout, op,
-          "scale must be float32 or int64 with %d (out_channels) elements" % cout)
+          "scale must be float32 or int64 with %d (out_channels) elements", cout)
     stride, pad, dilation = _pair(strides, "strides", op), _pair(pads, "pads", op), _pair(dilations, "dilations", op)
     x = torch.nn.functional.pad(input.to(torch.float64), (pad[1], pad[1], pad[0], pad[0]), value=float(offset_x))
     acc = torch.nn.functional.conv2d(x, weight.to(torch.float64), None, stride, 0, dilation, groups)
     if bias is not None:
-        check(bias.dtype == torch.int32 and bias.numel() == cout, op, "bias must be int32 with %d elements" % cout)
+        check(bias.dtype == torch.int32 and bias.numel() == cout, op, "bias must be int32 with %d elements", cout)
         acc = acc + bias.to(torch.float64).view(1, cout, 1, 1)
     # float32 dequantisation, as the golden (int32 accumulator times float32 scale)
     return (acc.to(torch.float32) * scale.view(1, cout, 1, 1)).to(torch.float16)

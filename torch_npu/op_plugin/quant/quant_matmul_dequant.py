@@ -39,9 +39,9 @@ def _checks(op, x, quantized_weight, weight_scale, w_dims):
     """The adapter's argument checks (op-plugin QuantMatmulDequant / QuantGroupedMatmulDequant)."""
     check(x.dim() == 2, op, "the x dim support only 2")
     check(x.dtype == torch.float16, op, "the x dtype support only float16")
-    check(quantized_weight.dim() == w_dims, op, "the quantized_weight dim support only %d" % w_dims)
+    check(quantized_weight.dim() == w_dims, op, "the quantized_weight dim support only %d", w_dims)
     check(quantized_weight.dtype == torch.int8, op, "the quantized_weight dtype support only int8")
-    check(weight_scale.dim() == w_dims - 1, op, "the weight_scale dim support only %d" % (w_dims - 1))
+    check(weight_scale.dim() == w_dims - 1, op, "the weight_scale dim support only %d", (w_dims - 1))
     check(weight_scale.dtype == torch.float32, op, "the weight_scale dtype support only float")
     check(x.shape[1] == quantized_weight.shape[-1], op, "x shape[1] not equal to quantized_weight shape[-1]")
     check(tuple(weight_scale.shape) == tuple(quantized_weight.shape[:-1]), op,
@@ -67,7 +67,7 @@ def _quantize_rows(op, x, bias, x_scale, x_offset, smooth_scale, quant_mode):
         check(x_scale.numel() == 1 and x_scale.dtype == torch.float32, op, "x_scale must be float32 [1]")
         if smooth_scale is not None:
             check(tuple(smooth_scale.shape) == (x.shape[1],), op,
-                  "smooth_scale must be [%d], got %s" % (x.shape[1], tuple(smooth_scale.shape)))
+                  "smooth_scale must be [%d], got %s", (x.shape[1], tuple(smooth_scale.shape)))
             xf = xf * smooth_scale.float()
         t = x_scale.float().reshape(1, 1)
         inv = 1.0 / t
@@ -95,8 +95,8 @@ def npu_quant_grouped_matmul_dequant(x, quantized_weight, weight_scale, group_li
     _checks(op, x, quantized_weight, weight_scale, 3)
     g = quantized_weight.shape[0]
     check(group_list.dim() == 1 and group_list.shape[0] == g, op,
-          "group_list must be 1-D of length %d (the weight's groups), got %s" % (g, tuple(group_list.shape)))
-    check(group_list.dtype in (torch.int32, torch.int64), op, "group_list must be int64, got %s" % group_list.dtype)
+          "group_list must be 1-D of length %d (the weight's groups), got %s", (g, tuple(group_list.shape)))
+    check(group_list.dtype in (torch.int32, torch.int64), op, "group_list must be int64, got %s", group_list.dtype)
     xq, t = _quantize_rows(op, x, bias, x_scale, x_offset, smooth_scale, quant_mode)
     m = x.shape[0]
     rows = torch.arange(m, device=x.device, dtype=group_list.dtype)

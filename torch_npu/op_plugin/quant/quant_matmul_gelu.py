@@ -31,24 +31,24 @@ def npu_quant_matmul_gelu(x1, x2, x1_scale, x2_scale, *, bias=None, approximate=
     if x1.dtype != torch.int8 or x2.dtype != torch.int8:
         unsupported(op, "x1/x2 dtypes %s/%s (only int8, A8W8)" % (x1.dtype, x2.dtype))
     approximate = "gelu_erf" if approximate is None else approximate
-    check(approximate in _APPROX, op, "approximate must be 'gelu_erf' or 'gelu_tanh', got %r" % (approximate,))
+    check(approximate in _APPROX, op, "approximate must be 'gelu_erf' or 'gelu_tanh', got %r", (approximate,))
     check(2 <= x1.dim() <= 6 and 2 <= x2.dim() <= 6, op, "x1 and x2 must have 2 to 6 dimensions")
-    check(x1.shape[-1] == x2.shape[-2], op, "x1 k=%d must equal x2 k=%d" % (x1.shape[-1], x2.shape[-2]))
+    check(x1.shape[-1] == x2.shape[-2], op, "x1 k=%d must equal x2 k=%d", (x1.shape[-1], x2.shape[-2]))
     m, n = x1.shape[-2], x2.shape[-1]
     check(x1_scale.dtype == torch.float32 and x1_scale.dim() == 1 and x1_scale.numel() == m, op,
-          "x1_scale must be float32 (%d,), got %s %s" % (m, x1_scale.dtype, tuple(x1_scale.shape)))
+          "x1_scale must be float32 (%d,), got %s %s", (m, x1_scale.dtype, tuple(x1_scale.shape)))
     check(x2_scale.dtype in (torch.float32, torch.bfloat16), op, "x2_scale must be float32 or bfloat16")
     check(x2_scale.dim() == 1 and x2_scale.numel() in (1, n), op,
-          "x2_scale must be (%d,) or (1,), got %s" % (n, tuple(x2_scale.shape)))
+          "x2_scale must be (%d,) or (1,), got %s", (n, tuple(x2_scale.shape)))
     out_dtype = torch.bfloat16 if (x2_scale.dtype == torch.bfloat16
                                    or (bias is not None and bias.dtype == torch.bfloat16)) else torch.float16
     acc = torch.matmul(x1.to(torch.int64), x2.to(torch.int64))
     int_bias = bias is not None and bias.dtype == torch.int32
     if bias is not None:
         check(bias.dtype in (torch.int32, torch.float32, torch.float16, torch.bfloat16), op,
-              "bias dtype must be int32/float32/float16/bfloat16, got %s" % bias.dtype)
+              "bias dtype must be int32/float32/float16/bfloat16, got %s", bias.dtype)
         check(bias.shape[-1] == n and bias.dim() in (1, 3), op,
-              "bias must be (%d,) or (batch, 1, %d), got %s" % (n, n, tuple(bias.shape)))
+              "bias must be (%d,) or (batch, 1, %d), got %s", (n, n, tuple(bias.shape)))
     if int_bias:
         acc = acc + bias.to(torch.int64)
     q = acc.to(torch.float32) * x2_scale.float() * x1_scale.unsqueeze(-1)

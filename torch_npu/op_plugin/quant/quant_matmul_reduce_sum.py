@@ -22,12 +22,12 @@ def npu_quant_matmul_reduce_sum(x1, x2, *, x1_scale=None, x2_scale=None):
     check(x1.dtype == torch.int8 and x2.dtype == torch.int8, op, "x1 and x2 must be int8")
     check(x1.dim() == 3 and x2.dim() == 3, op, "x1 (B, m, k) and x2 (B, k, n) must be 3-d")
     b, m, k = x1.shape
-    check(x2.shape[0] == b and x2.shape[1] == k, op, "x2 must be (%d, %d, n), got %s" % (b, k, tuple(x2.shape)))
+    check(x2.shape[0] == b and x2.shape[1] == k, op, "x2 must be (%d, %d, n), got %s", (b, k, tuple(x2.shape)))
     n = x2.shape[2]
     check(x1_scale.dtype == torch.float32 and tuple(x1_scale.shape) == (b, m), op,
-          "x1_scale must be float32 of shape (%d, %d)" % (b, m))
+          "x1_scale must be float32 of shape (%d, %d)", (b, m))
     check(x2_scale.dtype == torch.bfloat16 and tuple(x2_scale.shape) == (n,), op,
-          "x2_scale must be bfloat16 of shape (%d,)" % n)
+          "x2_scale must be bfloat16 of shape (%d,)", n)
     acc = torch.matmul(x1.to(torch.int64), x2.to(torch.int64)).float()        # exact int products
     y = acc * x1_scale.float()[:, :, None] * x2_scale.float()
     return y.sum(0).to(torch.bfloat16)

@@ -52,10 +52,10 @@ def npu_add_quant_matmul_(self, x1, x2, x2_scale, *, x1_scale=None, group_sizes=
 def npu_dual_level_quant_matmul(x1, x2, x1_level0_scale, x2_level0_scale, x1_level1_scale, x2_level1_scale, *,
                                 bias=None, output_dtype=15):
     op = "npu_dual_level_quant_matmul"
-    check(x1.dim() == 2 and x2.dim() == 2, op, "x1 and x2 must be 2-D, got %dD and %dD" % (x1.dim(), x2.dim()))
+    check(x1.dim() == 2 and x2.dim() == 2, op, "x1 and x2 must be 2-D, got %dD and %dD", (x1.dim(), x2.dim()))
     # both hold two float4 values per byte along K: x1 (m, k/2), x2 (n, k/2)
-    check(x1.shape[1] == x2.shape[1], op, "the k of x1 and x2 should be equal, got %d and %d"
-           % (x1.shape[1] * 2, x2.shape[1] * 2))
+    check(x1.shape[1] == x2.shape[1], op, "the k of x1 and x2 should be equal, got %d and %d",
+           (x1.shape[1] * 2, x2.shape[1] * 2))
     return new_empty((x1.shape[0], x2.shape[0]), _dtype_or_default(op, "output_dtype", output_dtype, torch.bfloat16), x1)
 
 
@@ -63,7 +63,7 @@ def npu_dual_level_quant_matmul(x1, x2, x1_level0_scale, x2_level0_scale, x1_lev
 def npu_matmul_compress_dequant(x1, x2, compress_index, bias, scale, *, offsetW=None, offsetX=None):
     op = "npu_matmul_compress_dequant"
     check(offsetW is None, op, "offsetW currently only supports None")
-    check(offsetX in (None, 0), op, "offsetX currently only supports 0, got %r" % (offsetX,))
+    check(offsetX in (None, 0), op, "offsetX currently only supports 0, got %r", (offsetX,))
     check(x1.dim() == 2 and scale.dim() == 2 and bias.dim() == 2, op, "x1, scale and bias must be 2-D")
     return new_empty((x1.shape[0], bias.shape[1]), torch.float16, x1)
 

@@ -35,31 +35,31 @@ def _quantised_blocks(op, self, indices, updates, quant_scales, quant_zero_point
     if self.dtype != torch.int8:
         raise NotImplementedError("%s: self dtype %s is not supported (only int8)" % (op, self.dtype))
     check(updates.dtype in (torch.float16, torch.bfloat16), op,
-          "updates must be float16 or bfloat16, got %s" % updates.dtype)
+          "updates must be float16 or bfloat16, got %s", updates.dtype)
     nd = self.dim()
-    check(3 <= nd <= 8, op, "self must have 3 to 8 dims, got %d" % nd)
-    check(updates.dim() == nd, op, "updates must have as many dims as self (%d)" % nd)
+    check(3 <= nd <= 8, op, "self must have 3 to 8 dims, got %d", nd)
+    check(updates.dim() == nd, op, "updates must have as many dims as self (%d)", nd)
     check(-nd <= axis < nd and -nd <= quant_axis < nd, op, "axis/quant_axis out of range")
     ax = axis % nd
-    check(0 < ax < nd - 1, op, "axis must be neither the first nor the last dim, got %d" % axis)
-    check(quant_axis % nd == nd - 1, op, "quant_axis must be the last dim, got %d" % quant_axis)
+    check(0 < ax < nd - 1, op, "axis must be neither the first nor the last dim, got %d", axis)
+    check(quant_axis % nd == nd - 1, op, "quant_axis must be the last dim, got %d", quant_axis)
     check(indices.dtype in (torch.int32, torch.int64), op, "indices must be int32 or int64")
     check(indices.dim() == 1 or (indices.dim() == 2 and indices.shape[1] == 2), op,
-          "indices must be 1-d or (n, 2), got shape %s" % (tuple(indices.shape),))
+          "indices must be 1-d or (n, 2), got shape %s", (tuple(indices.shape),))
     n = updates.shape[0]
     check(indices.shape[0] == n and n <= self.shape[0], op,
-          "updates.shape[0] (%d) must equal indices.shape[0] (%d) and not exceed self.shape[0] (%d)"
-          % (n, indices.shape[0], self.shape[0]))
+          "updates.shape[0] (%d) must equal indices.shape[0] (%d) and not exceed self.shape[0] (%d)",
+          (n, indices.shape[0], self.shape[0]))
     check(updates.shape[ax] <= self.shape[ax], op, "updates.shape[axis] exceeds self.shape[axis]")
     for d in range(1, nd):
         if d != ax:
             check(updates.shape[d] == self.shape[d], op,
-                  "updates dim %d (%d) must equal self dim %d (%d)" % (d, updates.shape[d], d, self.shape[d]))
+                  "updates dim %d (%d) must equal self dim %d (%d)", (d, updates.shape[d], d, self.shape[d]))
     h = updates.shape[-1]
-    check(quant_scales.numel() == h, op, "quant_scales must have %d (updates.shape[-1]) elements" % h)
+    check(quant_scales.numel() == h, op, "quant_scales must have %d (updates.shape[-1]) elements", h)
     v = updates.float() / quant_scales.float().reshape(-1)
     if quant_zero_points is not None:
-        check(quant_zero_points.numel() == h, op, "quant_zero_points must have %d elements" % h)
+        check(quant_zero_points.numel() == h, op, "quant_zero_points must have %d elements", h)
         v = v + quant_zero_points.float().reshape(-1)
     q = torch.round(v).clamp(-128, 127).to(torch.int8)
 

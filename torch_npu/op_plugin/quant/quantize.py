@@ -98,17 +98,17 @@ def npu_quantize(self, scales, zero_points, dtype, axis=1, div_mode=True):
     op = "npu_quantize"
     dt = _dtype_arg(op, "dtype", dtype, tuple(_QUANTIZE_OUT))
     out_dtype = _QUANTIZE_OUT[dt]
-    check(self.is_floating_point(), op, "input must be floating point, got %s" % self.dtype)
+    check(self.is_floating_point(), op, "input must be floating point, got %s", self.dtype)
     nd = self.dim()
     check(nd >= 1, op, "input must have at least 1 dim")
-    check(-nd <= axis < nd, op, "axis %d out of range for a %d-d input" % (axis, nd))
+    check(-nd <= axis < nd, op, "axis %d out of range for a %d-d input", (axis, nd))
     ax = axis % nd
 
     def per_channel(t, name):
-        check(t.dim() <= 1, op, "%s must be 1-d, got shape %s" % (name, tuple(t.shape)))
+        check(t.dim() <= 1, op, "%s must be 1-d, got shape %s", (name, tuple(t.shape)))
         n = t.numel()
         check(n == 1 or n == self.shape[ax], op,
-              "%s must have 1 or %d (input.shape[axis]) elements, got %d" % (name, self.shape[ax], n))
+              "%s must have 1 or %d (input.shape[axis]) elements, got %d", (name, self.shape[ax], n))
         shape = [1] * nd
         shape[ax] = n
         return _f(t).reshape(shape)
@@ -143,7 +143,7 @@ def npu_anti_quant(x, scale, *, offset=None, dst_dtype=None, src_dtype=None):
     for name, t in (("scale", scale), ("offset", offset)):
         if t is not None:
             check(t.dim() <= 1 and t.numel() in (1, n), op,
-                  "%s must be 1-d with 1 or %d elements, got shape %s" % (name, n, tuple(t.shape)))
+                  "%s must be 1-d with 1 or %d elements, got shape %s", (name, n, tuple(t.shape)))
     v = x.float()
     if offset is not None:
         v = v + offset.float().reshape(-1)
@@ -168,7 +168,7 @@ def _dynamic_common(op, input, smooth_scales, group_index, dst_type, quant_mode,
     x = input.float()
     if smooth_scales is not None:
         check(smooth_scales.dim() == 1 and smooth_scales.numel() == input.shape[-1], op,
-              "smooth_scales must be 1-d of length %d, got shape %s" % (input.shape[-1], tuple(smooth_scales.shape)))
+              "smooth_scales must be 1-d of length %d, got shape %s", (input.shape[-1], tuple(smooth_scales.shape)))
         x = x * smooth_scales.float()
     return x
 
@@ -267,10 +267,10 @@ def npu_quant_matmul(x1, x2, scale, *, offset=None, pertoken_scale=None, bias=No
     if scale.dtype not in (torch.float32, torch.bfloat16):
         unsupported(op, "scale dtype %s (only float32/bfloat16/int64 from npu_trans_quant_param)" % scale.dtype)
     check(x1.dim() >= 2 and x2.dim() >= 2, op, "x1 and x2 must be at least 2-d")
-    check(x1.shape[-1] == x2.shape[-2], op, "x1 k=%d must equal x2 k=%d" % (x1.shape[-1], x2.shape[-2]))
+    check(x1.shape[-1] == x2.shape[-2], op, "x1 k=%d must equal x2 k=%d", (x1.shape[-1], x2.shape[-2]))
     m, n = x1.shape[-2], x2.shape[-1]
     check(scale.dim() == 1 and scale.numel() in (1, n), op,
-          "scale must be 1-d with 1 or %d elements, got shape %s" % (n, tuple(scale.shape)))
+          "scale must be 1-d with 1 or %d elements, got shape %s", (n, tuple(scale.shape)))
     if out != torch.int8 and offset is not None:
         unsupported(op, "offset with output_dtype=%s (offset is for int8 output only)" % out)
     if out == torch.int8 and pertoken_scale is not None:
@@ -278,7 +278,7 @@ def npu_quant_matmul(x1, x2, scale, *, offset=None, pertoken_scale=None, bias=No
     acc = torch.matmul(x1.to(torch.int64), x2.to(torch.int64))
     int_bias = bias is not None and bias.dtype == torch.int32
     if bias is not None:
-        check(bias.dim() >= 1 and bias.shape[-1] == n, op, "bias last dim must be %d" % n)
+        check(bias.dim() >= 1 and bias.shape[-1] == n, op, "bias last dim must be %d", n)
         if not int_bias and bias.dtype not in (torch.float32, torch.float16, torch.bfloat16):
             unsupported(op, "bias dtype %s" % bias.dtype)
         if not int_bias and out == torch.int8:
@@ -288,14 +288,14 @@ def npu_quant_matmul(x1, x2, scale, *, offset=None, pertoken_scale=None, bias=No
     v = acc.float() * scale.float()
     if pertoken_scale is not None:
         check(pertoken_scale.dim() == 1 and pertoken_scale.numel() == m, op,
-              "pertoken_scale must be 1-d with %d (m) elements" % m)
+              "pertoken_scale must be 1-d with %d (m) elements", m)
         v = v * pertoken_scale.float().unsqueeze(-1)
     if bias is not None and not int_bias:
         v = v + bias.float()
     if out == torch.int8:
         if offset is not None:
             check(offset.dim() == 1 and offset.numel() in (1, n), op,
-                  "offset must be 1-d with 1 or %d elements" % n)
+                  "offset must be 1-d with 1 or %d elements", n)
             v = v + offset.float()
         return _saturate_round(v, torch.int8)
     return v.to(out)
@@ -336,18 +336,18 @@ def npu_weight_quant_batchmatmul(x, weight, antiquant_scale, antiquant_offset=No
         unsupported(op, "x dtype %s (only float16/bfloat16)" % x.dtype)
     check(weight.dim() == 2, op, "weight must be 2-d [k, n]")
     k, n = weight.shape
-    check(x.dim() >= 2 and x.shape[-1] == k, op, "x last dim must be k=%d" % k)
+    check(x.dim() >= 2 and x.shape[-1] == k, op, "x last dim must be k=%d", k)
 
     def expand(t, name):
         if antiquant_group_size > 0:
             g = antiquant_group_size
             ng = (k + g - 1) // g
             check(tuple(t.shape) == (ng, n), op,
-                  "%s must have shape (%d, %d) for group size %d, got %s" % (name, ng, n, g, tuple(t.shape)))
+                  "%s must have shape (%d, %d) for group size %d, got %s", (name, ng, n, g, tuple(t.shape)))
             return t.float().repeat_interleave(g, dim=0)[:k]
         check(antiquant_group_size == 0, op, "antiquant_group_size must be >= 0")
         check(t.numel() == 1 or tuple(t.shape) in ((n,), (1, n)), op,
-              "%s must have 1 element or shape (%d,)/(1, %d), got %s" % (name, n, n, tuple(t.shape)))
+              "%s must have 1 element or shape (%d,)/(1, %d), got %s", (name, n, n, tuple(t.shape)))
         return t.float().reshape(-1)
 
     w = weight.float()
@@ -365,7 +365,7 @@ _QUANT_RANGE = {torch.qint8: (-128, 127), torch.quint8: (0, 255), torch.qint32: 
 
 
 def _quantize_into(op, inputs, scales, zero_points, dtype, result):
-    check(dtype in _QUANT_RANGE, op, "dtype must be qint8, quint8 or qint32, got %s" % (dtype,))
+    check(dtype in _QUANT_RANGE, op, "dtype must be qint8, quint8 or qint32, got %s", (dtype,))
     lo, hi = _QUANT_RANGE[dtype]
     q = torch.round(acc(inputs).double() / scales.double()) + zero_points.double()
     q = q.clamp(lo, hi)

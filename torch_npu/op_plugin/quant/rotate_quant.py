@@ -34,11 +34,11 @@ def npu_rotate_quant(x, rotation, *, alpha=None, dst_dtype=None, axis=-1, round_
         if value is not None and value != default:
             unsupported(op, "%s=%r" % (name, value))
     check(x.dtype in (torch.float16, torch.bfloat16) and rotation.dtype == x.dtype, op,
-          "x and rotation must share a float16/bfloat16 dtype, got %s and %s" % (x.dtype, rotation.dtype))
+          "x and rotation must share a float16/bfloat16 dtype, got %s and %s", (x.dtype, rotation.dtype))
     check(x.dim() == 2 and rotation.dim() == 2 and rotation.shape[0] == rotation.shape[1], op,
           "x must be 2-d (m, n) and rotation square 2-d (k, k)")
     m, n = x.shape
     k = rotation.shape[0]
-    check(n % k == 0, op, "n (%d) must be divisible by k (%d)" % (n, k))
+    check(n % k == 0, op, "n (%d) must be divisible by k (%d)", (n, k))
     rotated = torch.matmul(x.float().reshape(m * (n // k), k), rotation.float()).reshape(m, n).to(x.dtype)
     return torch.ops.npu.npu_dynamic_quant.default(rotated)

@@ -61,18 +61,18 @@ def _to_int8(v):
 def _group_factors(op, smooth_scales, group_index, group_list_type, rows, n, device):
     """``[rows, n or 1]`` float32 smooth factor of every (flattened) row."""
     g = smooth_scales.shape[0]
-    check(smooth_scales.dim() in (1, 2), op, "smooth_scales must be [G, N] or [G], got %s"
-          % (tuple(smooth_scales.shape),))
+    check(smooth_scales.dim() in (1, 2), op, "smooth_scales must be [G, N] or [G], got %s",
+          (tuple(smooth_scales.shape),))
     if smooth_scales.dim() == 2:
-        check(smooth_scales.shape[1] == n, op, "smooth_scales must be [G, %d], got %s"
-              % (n, tuple(smooth_scales.shape)))
+        check(smooth_scales.shape[1] == n, op, "smooth_scales must be [G, %d], got %s",
+              (n, tuple(smooth_scales.shape)))
     table = smooth_scales.float().reshape(g, -1)
     if group_index is None:
-        check(g == 1, op, "without group_index smooth_scales must hold one group, got %d" % g)
+        check(g == 1, op, "without group_index smooth_scales must hold one group, got %d", g)
         return table
     check(group_index.dim() == 1 and group_index.shape[0] == g, op,
-          "group_index must be 1-D of length %d (smooth_scales' groups), got %s" % (g, tuple(group_index.shape)))
-    check(group_index.dtype in (torch.int32, torch.int64), op, "group_index must be int32, got %s" % group_index.dtype)
+          "group_index must be 1-D of length %d (smooth_scales' groups), got %s", (g, tuple(group_index.shape)))
+    check(group_index.dtype in (torch.int32, torch.int64), op, "group_index must be int32, got %s", group_index.dtype)
     ends = group_index if group_list_type == 0 else group_index.cumsum(0)
     r = torch.arange(rows, device=device, dtype=ends.dtype)
     # group of row r: number of group ends <= r; rows past the last end use the appended 1s row
@@ -86,13 +86,13 @@ def npu_swiglu_quant(x, *, smooth_scales=None, offsets=None, group_index=None, a
                      group_list_type=0, dst_type=None):
     """``(y int8 [..., N], scale float32 [...])``; dynamic mode only. See the module doc."""
     op = "npu_swiglu_quant"
-    check(quant_mode in (0, 1), op, "quant_mode only support 0(static) or 1(dynamic), but got %r" % (quant_mode,))
+    check(quant_mode in (0, 1), op, "quant_mode only support 0(static) or 1(dynamic), but got %r", (quant_mode,))
     check(group_list_type in (0, 1), op,
-          "group_list_type only support 0(cumsum) or 1(count), but got %r" % (group_list_type,))
+          "group_list_type only support 0(cumsum) or 1(count), but got %r", (group_list_type,))
     check(dst_type in (None, torch.int8, torch.quint4x2), op,
           "dtype must be torch.int8 for int8 or torch.quint4x2 for int4")
-    check(x.dim() > 1, op, "x must have more than 1 dim, got %d" % x.dim())
-    check(x.dtype in _FLOATS, op, "x must be float16, bfloat16 or float32, got %s" % x.dtype)
+    check(x.dim() > 1, op, "x must have more than 1 dim, got %d", x.dim())
+    check(x.dtype in _FLOATS, op, "x must be float16, bfloat16 or float32, got %s", x.dtype)
     check(x.shape[-1] % 2 == 0, op, "x last dim size should be even")
     if dst_type == torch.quint4x2:
         unsupported(op, "dst_type=torch.quint4x2 (the order of two int4 in an int8 is not documented)")
@@ -101,7 +101,7 @@ def npu_swiglu_quant(x, *, smooth_scales=None, offsets=None, group_index=None, a
     n = x.shape[-1] // 2
     s = _swiglu(x.float(), activate_left).reshape(-1, n)
     if smooth_scales is not None:
-        check(smooth_scales.dtype == torch.float32, op, "smooth_scales must be float32, got %s" % smooth_scales.dtype)
+        check(smooth_scales.dtype == torch.float32, op, "smooth_scales must be float32, got %s", smooth_scales.dtype)
         s = s * _group_factors(op, smooth_scales, group_index, group_list_type, s.shape[0], n, x.device)
     elif group_index is not None:
         unsupported(op, "group_index without smooth_scales")
@@ -117,9 +117,9 @@ def npu_swiglu_quant(x, *, smooth_scales=None, offsets=None, group_index=None, a
 
 def _per_last_dim(op, name, t, size):
     """A float32 ``[size]`` or ``[1, size]`` parameter as a broadcastable ``[size]``."""
-    check(t.dtype == torch.float32, op, "%s must be float32, got %s" % (name, t.dtype))
+    check(t.dtype == torch.float32, op, "%s must be float32, got %s", (name, t.dtype))
     check(t.numel() == size and t.shape[-1] == size, op,
-          "%s must be [%d] or [1, %d], got %s" % (name, size, size, tuple(t.shape)))
+          "%s must be [%d] or [1, %d], got %s", (name, size, size, tuple(t.shape)))
     return t.reshape(size)
 
 
@@ -132,7 +132,7 @@ def npu_dequant_swiglu_quant(x, *, weight_scale=None, activation_scale=None, bia
     dynamic mode only. See the module doc."""
     op = "npu_dequant_swiglu_quant"
     check(x.dim() > 1, op, "x dim should larger than 1")
-    check(quant_mode in (0, 1), op, "quant_mode only support 0 or 1, but got %r" % (quant_mode,))
+    check(quant_mode in (0, 1), op, "quant_mode only support 0 or 1, but got %r", (quant_mode,))
     check(x.shape[-1] % 2 == 0, op, "x last dim size should be even")
     if quant_mode == 0:
         unsupported(op, "quant_mode=0 (static quantisation is not in the golden)")
@@ -156,9 +156,9 @@ def npu_dequant_swiglu_quant(x, *, weight_scale=None, activation_scale=None, bia
     rows = x.numel() // two_h if two_h else 0
     ws = _per_last_dim(op, "weight_scale", weight_scale, two_h)
     check(activation_scale.dtype == torch.float32, op,
-          "activation_scale must be float32, got %s" % activation_scale.dtype)
-    check(activation_scale.numel() == rows, op, "activation_scale must hold one value per token (%d), got %s"
-          % (rows, tuple(activation_scale.shape)))
+          "activation_scale must be float32, got %s", activation_scale.dtype)
+    check(activation_scale.numel() == rows, op, "activation_scale must hold one value per token (%d), got %s",
+          (rows, tuple(activation_scale.shape)))
     d = x.reshape(-1, two_h).float() * ws * activation_scale.reshape(-1, 1)
     s = _swiglu(d, activate_left)
     if quant_scale is not None:
@@ -178,24 +178,24 @@ def npu_swiglu_group_quant_backward(grad_y, x, *, weight=None, y_origin=None, gr
     op = "npu_swiglu_group_quant_backward"
     check(x.shape[-1] % 2 == 0, op, "x last dim size should be even")
     check(x.dtype in _FLOATS and grad_y.dtype in _FLOATS, op,
-          "x and grad_y must be float16, bfloat16 or float32, got %s and %s" % (x.dtype, grad_y.dtype))
+          "x and grad_y must be float16, bfloat16 or float32, got %s and %s", (x.dtype, grad_y.dtype))
     h = x.shape[-1] // 2
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     check(grad_y.numel() == rows * h and grad_y.shape[-1] == h, op,
-          "grad_y must have x's shape with the last dim halved, got %s" % (tuple(grad_y.shape),))
+          "grad_y must have x's shape with the last dim halved, got %s", (tuple(grad_y.shape),))
     g = grad_y.float().reshape(rows, h)
     xf = x.float().reshape(rows, 2 * h)
     keep = None
     if group_index is not None:
-        check(group_index.dim() == 1, op, "group_index must be 1-D, got %d-D" % group_index.dim())
+        check(group_index.dim() == 1, op, "group_index must be 1-D, got %d-D", group_index.dim())
         # the kernel covers the first sum(group_index) rows only
         keep = (torch.arange(rows, device=x.device) < group_index.sum()).unsqueeze(1)
     grad_weight = x.new_empty((0,), dtype=torch.float32)
     if weight is not None:
         check(y_origin is not None, op, "y_origin is required when weight is given")
-        check(weight.numel() == rows, op, "weight must hold one value per row (%d), got %s"
-              % (rows, tuple(weight.shape)))
-        check(y_origin.numel() == rows * h, op, "y_origin must have grad_y's shape, got %s" % (tuple(y_origin.shape),))
+        check(weight.numel() == rows, op, "weight must hold one value per row (%d), got %s",
+              (rows, tuple(weight.shape)))
+        check(y_origin.numel() == rows * h, op, "y_origin must have grad_y's shape, got %s", (tuple(y_origin.shape),))
         gw = (g * y_origin.float().reshape(rows, h)).sum(dim=1, keepdim=True)
         if keep is not None:
             gw = torch.where(keep, gw, torch.zeros_like(gw))
@@ -228,24 +228,24 @@ def npu_dequant_bias(x, weight_scale, activation_scale, bias, *, output_dtype=No
     op = "npu_dequant_bias"
     out_dtype = torch.float16 if output_dtype is None else output_dtype
     check(out_dtype in (torch.float16, torch.bfloat16), op, "The dtype should be half or bfloat16")
-    check(x.dim() == 2, op, "x must be 2-D [M, N], got %d-D" % x.dim())
-    check(x.dtype == torch.int32, op, "x must be int32, got %s" % x.dtype)
+    check(x.dim() == 2, op, "x must be 2-D [M, N], got %d-D", x.dim())
+    check(x.dtype == torch.int32, op, "x must be int32, got %s", x.dtype)
     m, n = x.shape
     check(weight_scale.dtype in (torch.float32, torch.bfloat16), op,
-          "weight_scale must be float32 or bfloat16, got %s" % weight_scale.dtype)
-    check(tuple(weight_scale.shape) == (n,), op, "weight_scale must be [%d], got %s" % (n, tuple(weight_scale.shape)))
+          "weight_scale must be float32 or bfloat16, got %s", weight_scale.dtype)
+    check(tuple(weight_scale.shape) == (n,), op, "weight_scale must be [%d], got %s", (n, tuple(weight_scale.shape)))
     int_bias = bias is not None and bias.dtype == torch.int32
     if bias is not None:
         check(bias.dtype in (torch.int32, torch.float32, torch.float16, torch.bfloat16), op,
-              "bias must be int32, float32, float16 or bfloat16, got %s" % bias.dtype)
-        check(tuple(bias.shape) == (n,), op, "bias must be [%d], got %s" % (n, tuple(bias.shape)))
+              "bias must be int32, float32, float16 or bfloat16, got %s", bias.dtype)
+        check(tuple(bias.shape) == (n,), op, "bias must be [%d], got %s", (n, tuple(bias.shape)))
     # an int32 bias is added to the integer accumulators, a float one after the scaling
     v = (x + bias if int_bias else x).float() * weight_scale.float()
     if activation_scale is not None:
         check(activation_scale.dtype == torch.float32, op,
-              "activation_scale must be float32, got %s" % activation_scale.dtype)
+              "activation_scale must be float32, got %s", activation_scale.dtype)
         check(tuple(activation_scale.shape) == (m,), op,
-              "activation_scale must be [%d], got %s" % (m, tuple(activation_scale.shape)))
+              "activation_scale must be [%d], got %s", (m, tuple(activation_scale.shape)))
         v = v * activation_scale.reshape(m, 1)
     if bias is not None and not int_bias:
         v = v + bias.float()

@@ -54,20 +54,20 @@ def npu_trans_quant_param(scale, offset=None, round_mode=0):
     round_mode = 0 if round_mode is None else round_mode
     if round_mode not in (0, 1):
         raise NotImplementedError("%s: round_mode=%r is not supported (0 or 1)" % (op, round_mode))
-    check(scale.dtype == torch.float32, op, "scale must be float32, got %s" % scale.dtype)
-    check(scale.dim() in (1, 2), op, "scale must be 1-d or 2-d, got %d-d" % scale.dim())
+    check(scale.dtype == torch.float32, op, "scale must be float32, got %s", scale.dtype)
+    check(scale.dim() in (1, 2), op, "scale must be 1-d or 2-d, got %d-d", scale.dim())
     values = scale
     if offset is not None:
-        check(offset.dtype == torch.float32, op, "offset must be float32, got %s" % offset.dtype)
+        check(offset.dtype == torch.float32, op, "offset must be float32, got %s", offset.dtype)
         check(offset.dim() in (1, 2), op, "offset must be 1-d or 2-d")
         if scale.dim() == 2:
             check(tuple(offset.shape) == tuple(scale.shape), op,
-                  "a 2-d scale needs an offset of the same shape, got %s and %s"
-                  % (tuple(scale.shape), tuple(offset.shape)))
+                  "a 2-d scale needs an offset of the same shape, got %s and %s",
+                  (tuple(scale.shape), tuple(offset.shape)))
         else:
             ns, no = scale.numel(), offset.numel()
             check(offset.dim() == 1 and (ns == no or ns == 1 or no == 1), op,
-                  "1-d scale (%d) and offset (%d) must have equal lengths or one of length 1" % (ns, no))
+                  "1-d scale (%d) and offset (%d) must have equal lengths or one of length 1", (ns, no))
             n = max(ns, no)
             values = scale.expand(n)
             offset = offset.expand(n)

@@ -72,28 +72,28 @@ def npu_transpose_quant_batchmatmul(x1, x2, dtype, *, bias=None, x1_scale=None, 
     if perm_x1 != [1, 0, 2] or perm_y != [1, 0, 2] or perm_x2 not in ([0, 1, 2], [0, 2, 1]) or \
             (perm_x2 == [0, 2, 1] and not mx):
         raise NotImplementedError("%s: perm_x1=%s perm_x2=%s perm_y=%s is not supported" % (op, perm_x1, perm_x2, perm_y))
-    check(x1.dtype in _FLOAT8, op, "x1's type supported for float8_e5m2 or float8_e4m3fn, got %s" % x1.dtype)
-    check(x2.dtype in _FLOAT8, op, "x2's type supported for float8_e5m2 or float8_e4m3fn, got %s" % x2.dtype)
+    check(x1.dtype in _FLOAT8, op, "x1's type supported for float8_e5m2 or float8_e4m3fn, got %s", x1.dtype)
+    check(x2.dtype in _FLOAT8, op, "x2's type supported for float8_e5m2 or float8_e4m3fn, got %s", x2.dtype)
     check(x1.dim() == 3 and x2.dim() == 3, op, "x1 and x2 must be 3-d")
     a = x1.to(torch.float32).permute(perm_x1)                          # (B, M, K)
     w = x2.to(torch.float32).permute(perm_x2)                          # (B, K, N)
     b, m, k = a.shape
-    check(w.shape[0] == b, op, "batch sizes differ: %d vs %d" % (b, w.shape[0]))
-    check(w.shape[1] == k, op, "reduce dims differ: %d vs %d" % (k, w.shape[1]))
+    check(w.shape[0] == b, op, "batch sizes differ: %d vs %d", (b, w.shape[0]))
+    check(w.shape[1] == k, op, "reduce dims differ: %d vs %d", (k, w.shape[1]))
     n = w.shape[2]
     if mx:
-        check(k % 64 == 0, op, "MX mode needs K to be a multiple of 64, got %d" % k)
-        check(tuple(x1_scale.shape) == (m, b, k // 64, 2), op, "x1_scale must be (M, B, K/64, 2) = %s, got %s"
-              % ((m, b, k // 64, 2), tuple(x1_scale.shape)))
+        check(k % 64 == 0, op, "MX mode needs K to be a multiple of 64, got %d", k)
+        check(tuple(x1_scale.shape) == (m, b, k // 64, 2), op, "x1_scale must be (M, B, K/64, 2) = %s, got %s",
+              ((m, b, k // 64, 2), tuple(x1_scale.shape)))
         want = (b, n, k // 64, 2) if perm_x2 == [0, 2, 1] else (b, k // 64, n, 2)
-        check(tuple(x2_scale.shape) == want, op, "x2_scale must be %s, got %s" % (want, tuple(x2_scale.shape)))
+        check(tuple(x2_scale.shape) == want, op, "x2_scale must be %s, got %s", (want, tuple(x2_scale.shape)))
         y = torch.matmul(a * _mx_expand_x1(x1_scale, b, m, k),
                          w * _mx_expand_x2(x2_scale, b, k, n, perm_x2 == [0, 2, 1]))
     else:
         check(x1_scale.dtype == torch.float32 and x2_scale.dtype == torch.float32, op,
               "x1_scale and x2_scale must both be float32 (K-C) or both float8_e8m0fnu (MX)")
-        check(tuple(x1_scale.shape) == (m,), op, "x1_scale must be (M,) = (%d,)" % m)
-        check(tuple(x2_scale.shape) == (n,), op, "x2_scale must be (N,) = (%d,)" % n)
+        check(tuple(x1_scale.shape) == (m,), op, "x1_scale must be (M,) = (%d,)", m)
+        check(tuple(x2_scale.shape) == (n,), op, "x2_scale must be (N,) = (%d,)", n)
         # the kernel's dequant order: accumulator * x2_scale, then * x1_scale
         y = torch.matmul(a, w) * x2_scale.reshape(1, 1, n) * x1_scale.reshape(1, m, 1)
     return y.permute(perm_y).contiguous().to(out_dtype)

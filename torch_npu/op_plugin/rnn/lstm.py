@@ -128,24 +128,24 @@ def _gates_in_nz(outs, op):
 
 
 def _check_float(op, name, t, dtype):
-    check(t.dtype in _DTYPES, op, "%s must be float16 or float32, got %s" % (name, t.dtype))
-    check(t.dtype == dtype, op, "%s dtype %s must match input dtype %s" % (name, t.dtype, dtype))
+    check(t.dtype in _DTYPES, op, "%s must be float16 or float32, got %s", (name, t.dtype))
+    check(t.dtype == dtype, op, "%s dtype %s must match input dtype %s", (name, t.dtype, dtype))
 
 
 def _check_sequence(op, input, weight, bias, h, c):
     """Validates the documented shapes; returns (T, B, I, H)."""
-    check(input.dim() == 3, op, "input must be 3-D [T, B, I], got %d-D" % input.dim())
+    check(input.dim() == 3, op, "input must be 3-D [T, B, I], got %d-D", input.dim())
     steps, batch, in_size = input.shape
     check(steps > 0, op, "input must have at least one time step")
     check(bias.dim() == 1 and bias.shape[0] % 4 == 0 and bias.shape[0] > 0, op,
-          "bias must be 1-D [4*hidden_size], got %s" % (tuple(bias.shape),))
+          "bias must be 1-D [4*hidden_size], got %s", (tuple(bias.shape),))
     hidden = bias.shape[0] // 4
     check(tuple(weight.shape) == (in_size + hidden, 4 * hidden), op,
-          "weight must be [input_size + hidden_size, 4*hidden_size] = %s, got %s"
-          % ((in_size + hidden, 4 * hidden), tuple(weight.shape)))
+          "weight must be [input_size + hidden_size, 4*hidden_size] = %s, got %s",
+          ((in_size + hidden, 4 * hidden), tuple(weight.shape)))
     for name, t in (("h", h), ("c", c)):
         check(tuple(t.shape) == (1, batch, hidden), op,
-              "%s must be [1, B, hidden_size] = %s, got %s" % (name, (1, batch, hidden), tuple(t.shape)))
+              "%s must be [1, B, hidden_size] = %s, got %s", (name, (1, batch, hidden), tuple(t.shape)))
     for name, t in (("input", input), ("weight", weight), ("bias", bias), ("h", h), ("c", c)):
         _check_float(op, name, t, input.dtype)
     return steps, batch, in_size, hidden
@@ -204,7 +204,7 @@ def npu_lstm_data_backward(grady_opt, gradh_opt, gradc_opt, input, batch_sizes, 
     if flag_direction:
         unsupported(op, "flag_direction=True")
     check(batch_sizes.dim() == 1 and batch_sizes.shape[0] == input.shape[0], op,
-          "batch_sizes must be 1-D [T=%d], got %s" % (input.shape[0], tuple(batch_sizes.shape)))
+          "batch_sizes must be 1-D [T=%d], got %s", (input.shape[0], tuple(batch_sizes.shape)))
     if batch_sizes.device.type != "meta" and not isinstance(batch_sizes, torch._subclasses.FakeTensor):
         if bool((batch_sizes != input.shape[1]).any()):
             unsupported(op, "batch_sizes with padded steps (an entry below B)")
@@ -245,18 +245,18 @@ def _cell_grads(dy, dh, dc, x, w_ih, w_hh, h, c, hs, cs, gi, gj, gf, go, tanhc):
 
 
 def _check_cell(op, input, w_ih, w_hh, h, c):
-    check(input.dim() == 2, op, "input must be 2-D [B, I], got %d-D" % input.dim())
+    check(input.dim() == 2, op, "input must be 2-D [B, I], got %d-D", input.dim())
     batch, in_size = input.shape
     check(w_hh.dim() == 2 and w_hh.shape[1] % 4 == 0 and w_hh.shape[1] > 0, op,
-          "w_hh must be 2-D [hidden_size, 4*hidden_size], got %s" % (tuple(w_hh.shape),))
+          "w_hh must be 2-D [hidden_size, 4*hidden_size], got %s", (tuple(w_hh.shape),))
     hidden = w_hh.shape[1] // 4
     check(tuple(w_hh.shape) == (hidden, 4 * hidden), op,
-          "w_hh must be [hidden_size, 4*hidden_size] = %s, got %s" % ((hidden, 4 * hidden), tuple(w_hh.shape)))
+          "w_hh must be [hidden_size, 4*hidden_size] = %s, got %s", ((hidden, 4 * hidden), tuple(w_hh.shape)))
     check(tuple(w_ih.shape) == (in_size, 4 * hidden), op,
-          "w_ih must be [input_size, 4*hidden_size] = %s, got %s" % ((in_size, 4 * hidden), tuple(w_ih.shape)))
+          "w_ih must be [input_size, 4*hidden_size] = %s, got %s", ((in_size, 4 * hidden), tuple(w_ih.shape)))
     for name, t in (("h", h), ("c", c)):
         check(tuple(t.shape) == (batch, hidden), op,
-              "%s must be [B, hidden_size] = %s, got %s" % (name, (batch, hidden), tuple(t.shape)))
+              "%s must be [B, hidden_size] = %s, got %s", (name, (batch, hidden), tuple(t.shape)))
     for name, t in (("input", input), ("w_ih", w_ih), ("w_hh", w_hh), ("h", h), ("c", c)):
         _check_float(op, name, t, input.dtype)
     return hidden
@@ -272,7 +272,7 @@ def npu_lstm_cell(input, w_ih, w_hh, h, c, b_ih=None, b_hh=None):
         check(b_hh is not None, op, "b_hh must be given together with b_ih")
         for name, t in (("b_ih", b_ih), ("b_hh", b_hh)):
             check(tuple(t.shape) == (4 * hidden,), op,
-                  "%s must be [4*hidden_size] = %s, got %s" % (name, (4 * hidden,), tuple(t.shape)))
+                  "%s must be [4*hidden_size] = %s, got %s", (name, (4 * hidden,), tuple(t.shape)))
         bias = (b_ih + b_hh).to(input.dtype)
     return _gates_in_nz(_LstmCell.apply(input, w_ih, w_hh, h, c, bias), op)
 

@@ -60,7 +60,7 @@ def _compute_dtype(*tensors):
 
 
 def _check_float(op, name, t):
-    check(t.dtype in _DTYPES, op, "%s must be float16 or float32, got %s" % (name, t.dtype))
+    check(t.dtype in _DTYPES, op, "%s must be float16 or float32, got %s", (name, t.dtype))
 
 
 # ----------------------------------------------------------------- GRU recurrence
@@ -123,19 +123,19 @@ def _check_stack(op, gates, input, hiddens, params, has_biases, num_layers, drop
         unsupported(op, "batch_sizes (packed sequences)")
     if batch_first:
         unsupported(op, "batch_first=True (the gate outputs' layout)")
-    check(num_layers >= 1, op, "num_layers must be >= 1, got %d" % num_layers)
+    check(num_layers >= 1, op, "num_layers must be >= 1, got %d", num_layers)
     if train and dropout > 0 and num_layers > 1:
         unsupported(op, "dropout > 0 between layers in training")
-    check(input.dim() == 3, op, "input must be 3-D [T, B, I], got %d-D" % input.dim())
+    check(input.dim() == 3, op, "input must be 3-D [T, B, I], got %d-D", input.dim())
     steps, batch, in_size = input.shape
     check(steps > 0, op, "input must have at least one time step")
     directions = 2 if bidirectional else 1
     per_cell = 4 if has_biases else 2
     check(len(params) == per_cell * num_layers * directions, op,
-          "params must hold %d tensors (%d per layer and direction), got %d"
-          % (per_cell * num_layers * directions, per_cell, len(params)))
+          "params must hold %d tensors (%d per layer and direction), got %d",
+          (per_cell * num_layers * directions, per_cell, len(params)))
     check(params[1].dim() == 2 and params[1].shape[0] == gates * params[1].shape[1] and params[1].shape[1] > 0, op,
-          "w_hh must be [%d*hidden_size, hidden_size], got %s" % (gates, tuple(params[1].shape)))
+          "w_hh must be [%d*hidden_size, hidden_size], got %s", (gates, tuple(params[1].shape)))
     hidden = params[1].shape[1]
     for layer in range(num_layers):
         layer_in = in_size if layer == 0 else directions * hidden
@@ -145,13 +145,13 @@ def _check_stack(op, gates, input, hiddens, params, has_biases, num_layers, drop
             expected += [(gates * hidden,)] * (per_cell - 2)
             for k, shape in enumerate(expected):
                 p = params[base + k]
-                check(tuple(p.shape) == shape, op, "params[%d] must be %s, got %s" % (base + k, shape, tuple(p.shape)))
+                check(tuple(p.shape) == shape, op, "params[%d] must be %s, got %s", (base + k, shape, tuple(p.shape)))
                 _check_float(op, "params[%d]" % (base + k), p)
     _check_float(op, "input", input)
     for name, t in hiddens:
         _check_float(op, name, t)
-        check(tuple(t.shape) == (num_layers * directions, batch, hidden), op, "%s must be [L*D, B, H] = %s, got %s"
-              % (name, (num_layers * directions, batch, hidden), tuple(t.shape)))
+        check(tuple(t.shape) == (num_layers * directions, batch, hidden), op, "%s must be [L*D, B, H] = %s, got %s",
+              (name, (num_layers * directions, batch, hidden), tuple(t.shape)))
     return steps, batch, hidden, directions
 
 
@@ -261,7 +261,7 @@ class _LstmStack(torch.autograd.Function):
 
 def _check_lstm(op, input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first,
                 batch_sizes):
-    check(len(hx) == 2, op, "hx must be [h0, c0], got %d tensors" % len(hx))
+    check(len(hx) == 2, op, "hx must be [h0, c0], got %d tensors", len(hx))
     check(input.dtype != torch.bfloat16, op, "bfloat16 is not supported")
     return _check_stack(op, 4, input, (("hx[0]", hx[0]), ("hx[1]", hx[1])), params, has_biases, num_layers, dropout,
                         train, bidirectional, batch_first, batch_sizes)
@@ -290,7 +290,7 @@ def _lstm_npu_backward(grad_y, grad_hy, grad_cy, input, hx, params, i, j, f, o, 
     gates = (i, j, f, o, h, c, tanhc)
     for name, t in zip(("i", "j", "f", "o", "h", "c", "tanhc"), gates):
         check(t is not None and tuple(t.shape) == gate_shape, op,
-              "%s must be [L*D, T, B, H] = %s, got %s" % (name, gate_shape, None if t is None else tuple(t.shape)))
+              "%s must be [L*D, T, B, H] = %s, got %s", (name, gate_shape, None if t is None else tuple(t.shape)))
     dtype = _compute_dtype(input, *hx, *params)
     h0, c0 = hx[0].to(dtype), hx[1].to(dtype)
     dy_like = torch.zeros((steps, batch, directions * hidden), dtype=dtype, device=input.device)
@@ -397,7 +397,7 @@ def _gru_npu_backward(grad_y, grad_h, input, hx, params, r, z, n, h_n, h, has_bi
     gates = (r, z, n, h_n, h)
     for name, t in zip(("r", "z", "n", "h_n", "h"), gates):
         check(t is not None and tuple(t.shape) == gate_shape, op,
-              "%s must be [L*D, T, B, H] = %s, got %s" % (name, gate_shape, None if t is None else tuple(t.shape)))
+              "%s must be [L*D, T, B, H] = %s, got %s", (name, gate_shape, None if t is None else tuple(t.shape)))
     dtype = _compute_dtype(input, hx, *params)
     h0 = hx.to(dtype)
     dy_like = torch.zeros((steps, batch, directions * hidden), dtype=dtype, device=input.device)
@@ -411,18 +411,18 @@ def _gru_npu_backward(grad_y, grad_h, input, hx, params, r, z, n, h_n, h, has_bi
 
 def _check_npu_gru(op, input, hx, weight_input, weight_hidden, bias_input, bias_hidden):
     """Validates the documented layout; returns (T, B, I, H)."""
-    check(input.dim() == 3, op, "input must be 3-D [T, B, I], got %d-D" % input.dim())
+    check(input.dim() == 3, op, "input must be 3-D [T, B, I], got %d-D", input.dim())
     steps, batch, in_size = input.shape
     check(steps > 0, op, "input must have at least one time step")
     check(bias_input.dim() == 1 and bias_input.shape[0] % 3 == 0 and bias_input.shape[0] > 0, op,
-          "bias_input must be 1-D [3*hidden_size], got %s" % (tuple(bias_input.shape),))
+          "bias_input must be 1-D [3*hidden_size], got %s", (tuple(bias_input.shape),))
     hidden = bias_input.shape[0] // 3
     for name, t, shape in (("weight_input", weight_input, (in_size, 3 * hidden)),
                            ("weight_hidden", weight_hidden, (hidden, 3 * hidden)),
                            ("bias_hidden", bias_hidden, (3 * hidden,))):
-        check(tuple(t.shape) == shape, op, "%s must be %s, got %s" % (name, shape, tuple(t.shape)))
+        check(tuple(t.shape) == shape, op, "%s must be %s, got %s", (name, shape, tuple(t.shape)))
     check(tuple(hx.shape) in ((batch, hidden), (1, batch, hidden)), op,
-          "hx must be [B, H] or [1, B, H] with B=%d, H=%d, got %s" % (batch, hidden, tuple(hx.shape)))
+          "hx must be [B, H] or [1, B, H] with B=%d, H=%d, got %s", (batch, hidden, tuple(hx.shape)))
     for name, t in (("input", input), ("hx", hx), ("weight_input", weight_input), ("weight_hidden", weight_hidden),
                     ("bias_input", bias_input), ("bias_hidden", bias_hidden)):
         _check_float(op, name, t)
@@ -500,6 +500,6 @@ def npu_gru_backward(grady, gradh, input, weight_input, weight_hidden, bias_inpu
     for name, t in (("h_output", h_output), ("output_updata", output_updata), ("output_reset", output_reset),
                     ("output_new", output_new), ("hidden_new", hidden_new)):
         check(tuple(t.shape) == (steps, batch, hidden), op,
-              "%s must be [T, B, H] = %s, got %s" % (name, (steps, batch, hidden), tuple(t.shape)))
+              "%s must be [T, B, H] = %s, got %s", (name, (steps, batch, hidden), tuple(t.shape)))
     return _npu_gru_grads(grady, gradh, input, hx, weight_input, weight_hidden, h_output, output_reset,
                           output_updata, output_new, hidden_new)

@@ -17,15 +17,15 @@ __all__ = []
 def npu_interleave_rope(x, cos, sin):
     """RoPE on the de-interleaved D axis of ``x`` [B, N, S, D]; cos/sin [B, 1, S or 1, D]."""
     op = "npu_interleave_rope"
-    check(x.dim() == 4, op, "x must be 4-D [B, N, S, D], got %d-D" % x.dim())
+    check(x.dim() == 4, op, "x must be 4-D [B, N, S, D], got %d-D", x.dim())
     check(cos.dim() == 4 and sin.dim() == 4, op, "cos and sin must be 4-D [B, 1, S, D]")
-    check(tuple(cos.shape) == tuple(sin.shape), op, "sin shape %s must equal cos shape %s"
-          % (tuple(sin.shape), tuple(cos.shape)))
-    check(cos.dtype == x.dtype and sin.dtype == x.dtype, op, "cos/sin dtype must equal x dtype %s" % x.dtype)
+    check(tuple(cos.shape) == tuple(sin.shape), op, "sin shape %s must equal cos shape %s",
+          (tuple(sin.shape), tuple(cos.shape)))
+    check(cos.dtype == x.dtype and sin.dtype == x.dtype, op, "cos/sin dtype must equal x dtype %s", x.dtype)
     b, _, s, d = x.shape
-    check(d % 2 == 0, op, "D must be even, got %d" % d)
+    check(d % 2 == 0, op, "D must be even, got %d", d)
     check(cos.shape[0] == b and cos.shape[1] == 1 and cos.shape[2] in (1, s) and cos.shape[3] == d, op,
-          "cos/sin must be [B=%d, 1, S=%d or 1, D=%d], got %s" % (b, s, d, tuple(cos.shape)))
+          "cos/sin must be [B=%d, 1, S=%d or 1, D=%d], got %s", (b, s, d, tuple(cos.shape)))
     q = acc(x)
     q = q.reshape(*q.shape[:-1], d // 2, 2).transpose(-1, -2).reshape(q.shape)
     half = d // 2

@@ -61,25 +61,25 @@ def npu_mrope(positions, query, key, cos_sin_cache, head_size, *, mrope_section=
     op = "npu_mrope"
     torch._check(rotary_mode in ("half", "interleave"), lambda: "rotary_mode only support half or interleave")
     torch._check(cache_mode in ("default", "interleave"), lambda: "cache_mode only support default or interleave")
-    check(positions.dim() in (1, 2), op, "positions must be [T] or [3, T], got %d-D" % positions.dim())
+    check(positions.dim() in (1, 2), op, "positions must be [T] or [3, T], got %d-D", positions.dim())
     check(cos_sin_cache.dim() == 2, op, "cos_sin_cache must be 2-D [max_pos, rotary_dim]")
     rotary_dim = cos_sin_cache.shape[-1]
     check(rotary_dim % 2 == 0 and rotary_dim <= head_size, op,
-          "rotary_dim %d must be even and <= head_size %d" % (rotary_dim, head_size))
+          "rotary_dim %d must be even and <= head_size %d", (rotary_dim, head_size))
     num_tokens = positions.shape[-1]
     for name, t in (("query", query), ("key", key)):
         check(t.shape[0] == num_tokens and t.numel() % (num_tokens * head_size) == 0, op,
-              "%s must be [T=%d, N*head_size], got %s" % (name, num_tokens, tuple(t.shape)))
+              "%s must be [T=%d, N*head_size], got %s", (name, num_tokens, tuple(t.shape)))
     cdt = torch.float64 if query.dtype == torch.float64 else torch.float32
     half = rotary_dim // 2
     gathered = cos_sin_cache.to(cdt).index_select(0, positions.reshape(-1).long())
     cos, sin = gathered.reshape(tuple(positions.shape) + (rotary_dim,)).chunk(2, dim=-1)
     if positions.dim() == 2:
-        check(positions.shape[0] == 3, op, "2-D positions must have 3 rows, got %d" % positions.shape[0])
+        check(positions.shape[0] == 3, op, "2-D positions must have 3 rows, got %d", positions.shape[0])
         check(mrope_section is not None and len(mrope_section) == 3, op, "positions [3, T] need a 3-entry mrope_section")
         if cache_mode == "default":
-            check(sum(mrope_section) == half, op, "mrope_section %s must sum to rotary_dim/2 = %d"
-                  % (list(mrope_section), half))
+            check(sum(mrope_section) == half, op, "mrope_section %s must sum to rotary_dim/2 = %d",
+                  (list(mrope_section), half))
         src = torch.tensor(_section_rows(mrope_section, cache_mode, half), device=positions.device)
         cos = torch.where(src == 0, cos[0], torch.where(src == 1, cos[1], cos[2]))
         sin = torch.where(src == 0, sin[0], torch.where(src == 1, sin[1], sin[2]))

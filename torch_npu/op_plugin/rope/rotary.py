@@ -13,7 +13,7 @@ def _check_mode(op, rotary_mode):
     if rotary_mode == "quarter":
         raise NotImplementedError(
             "torch_npu.%s: rotary_mode='quarter' is not emulated yet on the CPU-emulated NPU." % op)
-    check(rotary_mode in _MODES, op, "rotary_mode must be 'half' or 'interleave', got %r" % (rotary_mode,))
+    check(rotary_mode in _MODES, op, "rotary_mode must be 'half' or 'interleave', got %r", (rotary_mode,))
 
 
 def _rot(x, rotary_mode):
@@ -35,7 +35,7 @@ def _rot_t(g, rotary_mode):
 
 def _check_d(op, x):
     check(x.dim() >= 1 and x.shape[-1] % 2 == 0, op,
-          "the last dim of the input must be even, got %s" % (tuple(x.shape),))
+          "the last dim of the input must be even, got %s", (tuple(x.shape),))
 
 
 @impl("npu_rotary_mul")
@@ -90,7 +90,7 @@ def npu_apply_rotary_pos_emb(query, key, cos, sin, layout="BSND", rotary_mode="h
         _check_d(op, t)
         for cname, c in (("cos", cos), ("sin", sin)):
             check(c.dim() <= t.dim() and tuple(torch.broadcast_shapes(t.shape, c.shape)) == tuple(t.shape), op,
-                  "%s %s must broadcast to %s %s" % (cname, tuple(c.shape), name, tuple(t.shape)))
+                  "%s %s must broadcast to %s %s", (cname, tuple(c.shape), name, tuple(t.shape)))
         tf = acc(t)
         results.append((tf * acc(cos) + _rot(tf, rotary_mode) * acc(sin)).to(t.dtype))
     query.copy_(results[0])

@@ -20,11 +20,11 @@ def copy_memory_(self, src, non_blocking=False):
     device (the documented constraint), and the same shape."""
     op = "copy_memory_"
     check(self.device.type in ("npu", "meta") and src.device.type in ("npu", "meta"), op,
-          "copy_memory_ only supports npu tensors, got %s and %s" % (self.device, src.device))
-    check(self.dtype == src.dtype, op, "self dtype %s and src dtype %s must match" % (self.dtype, src.dtype))
+          "copy_memory_ only supports npu tensors, got %s and %s", (self.device, src.device))
+    check(self.dtype == src.dtype, op, "self dtype %s and src dtype %s must match", (self.dtype, src.dtype))
     check(self.device == src.device, op, "self and src must be on the same device")
     check(tuple(self.shape) == tuple(src.shape), op,
-          "self %s and src %s must have the same shape" % (tuple(self.shape), tuple(src.shape)))
+          "self %s and src %s must have the same shape", (tuple(self.shape), tuple(src.shape)))
     return self.copy_(src)
 
 

@@ -56,7 +56,7 @@ def npu_dtype_cast_backward(grad, dtype, grad_dtype=None, input_dtype=None):
 def npu_dtype_cast_(self, src):
     """Writes ``src`` converted to ``self``'s dtype into ``self`` (shapes must match)."""
     check(tuple(self.shape) == tuple(src.shape), "npu_dtype_cast_",
-          "self %s and src %s must have the same shape" % (tuple(self.shape), tuple(src.shape)))
+          "self %s and src %s must have the same shape", (tuple(self.shape), tuple(src.shape)))
     return self.copy_(src)
 
 

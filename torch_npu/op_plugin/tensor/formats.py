@@ -63,7 +63,7 @@ def _checked_format(acl_format, op):
     try:
         return int(Format(int(acl_format)))
     except ValueError:
-        check(False, op, "acl_format %s is not a torch_npu.Format value" % (acl_format,))
+        check(False, op, "acl_format %s is not a torch_npu.Format value", (acl_format,))
 
 
 def _storage_view(t):

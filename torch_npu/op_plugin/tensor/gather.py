@@ -26,7 +26,7 @@ def npu_gather_sparse_index(input, index):
     negative indices). Differentiable in ``input`` (gradient: :func:`npu_gather_sparse_index_backward`)."""
     op = "npu_gather_sparse_index"
     check(input.dim() >= 1, op, "input must have at least 1 dim")
-    check(index.dtype in (torch.int32, torch.int64), op, "index must be int32 or int64, got %s" % index.dtype)
+    check(index.dtype in (torch.int32, torch.int64), op, "index must be int32 or int64, got %s", index.dtype)
     rows = input.index_select(0, index.reshape(-1))
     return rows.reshape(tuple(index.shape) + tuple(input.shape[1:]))
 

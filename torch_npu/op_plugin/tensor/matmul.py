@@ -129,36 +129,36 @@ _MATMUL_FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 def npu_fused_matmul(x1, x2, *, bias=None, x3=None, fused_op_type=''):
     op = "npu_fused_matmul"
     kind = fused_op_type
-    check(kind in _FUSED_MATMUL_RANKS, op, "fused_op_type must be one of %s, got %r"
-          % (sorted(_FUSED_MATMUL_RANKS), kind))
+    check(kind in _FUSED_MATMUL_RANKS, op, "fused_op_type must be one of %s, got %r",
+          (sorted(_FUSED_MATMUL_RANKS), kind))
     lo, hi = _FUSED_MATMUL_RANKS[kind]
     for name, t in (("x1", x1), ("x2", x2)):
-        check(lo <= t.dim() <= hi, op, "%s must have %d to %d dims for fused_op_type %r, got %dD"
-              % (name, lo, hi, kind, t.dim()))
-    check(x1.dtype == x2.dtype, op, "x2 dtype %s must equal x1 dtype %s" % (x2.dtype, x1.dtype))
+        check(lo <= t.dim() <= hi, op, "%s must have %d to %d dims for fused_op_type %r, got %dD",
+              (name, lo, hi, kind, t.dim()))
+    check(x1.dtype == x2.dtype, op, "x2 dtype %s must equal x1 dtype %s", (x2.dtype, x1.dtype))
     gelu = kind in ("gelu_erf", "gelu_tanh")
     allowed = (torch.float16, torch.bfloat16) if gelu else _MATMUL_FLOATS
-    check(x1.dtype in allowed, op, "x1 dtype %s is not supported for fused_op_type %r" % (x1.dtype, kind))
-    check(x1.shape[-1] == x2.shape[-2], op, "the k of x1 and x2 should be equal, got %d and %d"
-          % (x1.shape[-1], x2.shape[-2]))
+    check(x1.dtype in allowed, op, "x1 dtype %s is not supported for fused_op_type %r", (x1.dtype, kind))
+    check(x1.shape[-1] == x2.shape[-2], op, "the k of x1 and x2 should be equal, got %d and %d",
+          (x1.shape[-1], x2.shape[-2]))
     check(bias is None or kind in ("", "relu", "add", "mul"), op,
-          "bias must be None for fused_op_type %r" % kind)
+          "bias must be None for fused_op_type %r", kind)
     if kind in ("add", "mul"):
-        check(x3 is not None, op, "x3 is required for fused_op_type %r" % kind)
+        check(x3 is not None, op, "x3 is required for fused_op_type %r", kind)
     else:
-        check(x3 is None, op, "x3 must be None for fused_op_type %r" % kind)
+        check(x3 is None, op, "x3 must be None for fused_op_type %r", kind)
     y = torch.matmul(x1.float(), x2.float())
     if bias is not None:
         check(bias.dim() in (1, 2) and bias.shape[-1] == y.shape[-1] and bias.numel() == y.shape[-1], op,
-              "bias must be (N,) or (1, N) with N = %d" % y.shape[-1])
+              "bias must be (N,) or (1, N) with N = %d", y.shape[-1])
         y = y + bias.float().reshape(-1)
     if x3 is not None:
-        check(x3.dtype == x1.dtype, op, "x3 dtype %s must equal x1 dtype %s" % (x3.dtype, x1.dtype))
+        check(x3.dtype == x1.dtype, op, "x3 dtype %s must equal x1 dtype %s", (x3.dtype, x1.dtype))
         out_mn = tuple(y.shape[-2:])
         ok = tuple(x3.shape) == tuple(y.shape) or (
             y.dim() == 3 and (tuple(x3.shape) == out_mn or tuple(x3.shape) == (1,) + out_mn))
-        check(ok, op, "x3 shape %s must be the output shape %s (or broadcast along batch only)"
-              % (tuple(x3.shape), tuple(y.shape)))
+        check(ok, op, "x3 shape %s must be the output shape %s (or broadcast along batch only)",
+              (tuple(x3.shape), tuple(y.shape)))
         y = y + x3.float() if kind == "add" else y * x3.float()
     if kind == "relu":
         y = torch.relu(y)
@@ -173,18 +173,18 @@ def _lora_delta(op, y, x, weight_b, indices, weight_a, layer_idx, scale, y_offse
           "with the same B")
     for name, t in (("y", y), ("x", x), ("weight_b", weight_b)) + ((("weight_a", weight_a),) if weight_a is not None
                                                                    else ()):
-        check(t.dtype == torch.float16, op, "%s must be float16, got %s" % (name, t.dtype))
-    check(indices.dim() == 1 and indices.shape[0] == x.shape[0], op, "indices must be 1-D with B = %d entries"
-          % x.shape[0])
-    check(indices.dtype == torch.int32, op, "indices must be int32, got %s" % indices.dtype)
+        check(t.dtype == torch.float16, op, "%s must be float16, got %s", (name, t.dtype))
+    check(indices.dim() == 1 and indices.shape[0] == x.shape[0], op, "indices must be 1-D with B = %d entries",
+          x.shape[0])
+    check(indices.dtype == torch.int32, op, "indices must be int32, got %s", indices.dtype)
     check(weight_b.dim() == 4, op, "weight_b must be 4-D (W, L, H2, R)")
     w, layers, h2 = weight_b.shape[:3]
-    check(0 <= layer_idx < layers, op, "layer_idx must be in [0, %d), got %d" % (layers, layer_idx))
+    check(0 <= layer_idx < layers, op, "layer_idx must be in [0, %d), got %d", (layers, layer_idx))
     width = y.shape[1] if y_slice_size == -1 else y_slice_size
     if width != h2:
         unsupported(op, "y_slice_size=%d different from weight_b's H2=%d (undocumented)" % (width, h2))
-    check(0 <= y_offset and y_offset + h2 <= y.shape[1], op, "y_offset + H2 (%d + %d) exceeds y's width %d"
-          % (y_offset, h2, y.shape[1]))
+    check(0 <= y_offset and y_offset + h2 <= y.shape[1], op, "y_offset + H2 (%d + %d) exceeds y's width %d",
+          (y_offset, h2, y.shape[1]))
     from torch_npu.op_plugin._common import symbolic
     if not symbolic(indices) and bool(((indices < 0) | (indices >= w)).any()):
         unsupported(op, "indices outside [0, %d) (rows without an adapter are not documented)" % w)
@@ -241,20 +241,20 @@ def npu_transpose_batchmatmul(input, weight, *, bias=None, scale=None, perm_x1=N
         raise NotImplementedError("%s: perm_x1=%s perm_x2=%s perm_y=%s is not supported" % (op, perm_x1, perm_x2, perm_y))
     # float64 is beyond the real op; accepted so gradcheck can run at full precision
     check(input.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64) and weight.dtype == input.dtype,
-          op, "input and weight must share a float16/bfloat16/float32 dtype, got %s and %s" % (input.dtype, weight.dtype))
+          op, "input and weight must share a float16/bfloat16/float32 dtype, got %s and %s", (input.dtype, weight.dtype))
     check(input.dim() == 3 and weight.dim() == 3, op, "input and weight must be 3-d")
     a = input.permute(perm_x1)
     b = weight.permute(perm_x2)
-    check(a.shape[0] == b.shape[0], op, "batch sizes differ: %d vs %d" % (a.shape[0], b.shape[0]))
-    check(a.shape[2] == b.shape[1], op, "reduce dims differ: %d vs %d" % (a.shape[2], b.shape[1]))
+    check(a.shape[0] == b.shape[0], op, "batch sizes differ: %d vs %d", (a.shape[0], b.shape[0]))
+    check(a.shape[2] == b.shape[1], op, "reduce dims differ: %d vs %d", (a.shape[2], b.shape[1]))
     compute = torch.float64 if input.dtype == torch.float64 else torch.float32
     y = torch.matmul(a.to(compute), b.to(compute)).permute(perm_y)          # (M, B, N)
     if scale is None:
         return y.to(input.dtype)
     from torch_npu.op_plugin.quant.trans_quant_param import decode_packed_scale, _has_values
-    check(scale.dtype == torch.int64, op, "scale must be int64 (npu_trans_quant_param), got %s" % scale.dtype)
+    check(scale.dtype == torch.int64, op, "scale must be int64 (npu_trans_quant_param), got %s", scale.dtype)
     m, bsz, n = y.shape
-    check(scale.numel() == bsz * n, op, "scale must have B * N = %d elements" % (bsz * n))
+    check(scale.numel() == bsz * n, op, "scale must have B * N = %d elements", (bsz * n))
     s, packed_offset = decode_packed_scale(scale.reshape(-1))
     if _has_values(scale) and bool((packed_offset != 0).any()):
         raise NotImplementedError("%s: an int64 scale carrying a packed offset is not supported" % op)
@@ -267,11 +267,11 @@ def _npu_matmul_abft_verify(a, b, c, checksum_weight, *, e_max=0.001):
     op = "_npu_matmul_abft_verify"
     check(a.dim() == 2 and b.dim() == 2 and c.dim() == 2, op, "a, b and c must be 2-D")
     check(checksum_weight.dim() == 1, op, "checksum_weight must be a 1D tensor")
-    check(a.shape[1] == b.shape[0], op, "the K dim of a (%d) must be equal to the K dim of b (%d)"
-           % (a.shape[1], b.shape[0]))
-    check(tuple(c.shape) == (a.shape[0], b.shape[1]), op, "c must have shape [M, N] = [%d, %d]"
-           % (a.shape[0], b.shape[1]))
-    check(e_max >= 0, op, "e_max must be non-negative, got %r" % e_max)
+    check(a.shape[1] == b.shape[0], op, "the K dim of a (%d) must be equal to the K dim of b (%d)",
+           (a.shape[1], b.shape[0]))
+    check(tuple(c.shape) == (a.shape[0], b.shape[1]), op, "c must have shape [M, N] = [%d, %d]",
+           (a.shape[0], b.shape[1]))
+    check(e_max >= 0, op, "e_max must be non-negative, got %r", e_max)
     # one verdict bit per row and 256-column segment, 8 rows per byte
     row_bytes = (a.shape[0] + 7) // 8
     segments = (b.shape[1] + 255) // 256

@@ -21,8 +21,8 @@ def npu_pad(input, paddings):
     op = "npu_pad"
     paddings = list(paddings)
     check(len(paddings) % 2 == 0 and len(paddings) // 2 <= input.dim(), op,
-          "paddings needs one (before, after) pair per dim (at most %d pairs), got %s" % (input.dim(), paddings))
-    check(all(p >= 0 for p in paddings), op, "paddings must be >= 0, got %s" % paddings)
+          "paddings needs one (before, after) pair per dim (at most %d pairs), got %s", (input.dim(), paddings))
+    check(all(p >= 0 for p in paddings), op, "paddings must be >= 0, got %s", paddings)
     pairs = [paddings[i:i + 2] for i in range(0, len(paddings), 2)]
     pairs += [[0, 0]] * (input.dim() - len(pairs))
     torch_order = [p for pair in reversed(pairs) for p in pair]  # F.pad wants the last dim first
@@ -41,7 +41,7 @@ def _strided_slice(op, x, begin, end, strides, begin_mask, end_mask, ellipsis_ma
     """TensorFlow StridedSlice semantics (the kernel behind npu_indexing)."""
     n = len(begin)
     check(len(end) == n and len(strides) == n, op, "begin, end and strides must have the same length")
-    check(all(s != 0 for s in strides), op, "strides must be non-zero, got %s" % list(strides))
+    check(all(s != 0 for s in strides), op, "strides must be non-zero, got %s", list(strides))
     check(bin(ellipsis_mask).count("1") <= 1, op, "at most one ellipsis is allowed")
     consumed = sum(1 for i in range(n) if not _bit(ellipsis_mask, i) and not _bit(new_axis_mask, i))
     dim = 0
@@ -50,7 +50,7 @@ def _strided_slice(op, x, begin, end, strides, begin_mask, end_mask, ellipsis_ma
     for i in range(n):
         if _bit(ellipsis_mask, i):
             span = x.dim() - consumed
-            check(span >= 0, op, "slice spec covers %d dims of a %d-D tensor" % (consumed, x.dim()))
+            check(span >= 0, op, "slice spec covers %d dims of a %d-D tensor", (consumed, x.dim()))
             dim += span
             out_dim += span
             continue
@@ -58,11 +58,11 @@ def _strided_slice(op, x, begin, end, strides, begin_mask, end_mask, ellipsis_ma
             out = out.unsqueeze(out_dim)
             out_dim += 1
             continue
-        check(dim < x.dim(), op, "slice spec covers more dims than the %d of the input" % x.dim())
+        check(dim < x.dim(), op, "slice spec covers more dims than the %d of the input", x.dim())
         size = x.shape[dim]
         if _bit(shrink_axis_mask, i):
             idx = begin[i] + size if begin[i] < 0 else begin[i]
-            check(0 <= idx < size, op, "index %d out of range for dim %d of size %d" % (begin[i], dim, size))
+            check(0 <= idx < size, op, "index %d out of range for dim %d of size %d", (begin[i], dim, size))
             out = out.select(out_dim, idx)
         else:
             b = None if _bit(begin_mask, i) else begin[i]
@@ -110,8 +110,8 @@ def npu_sim_exponential_(self, lambd=1, *, generator=None):
     ``x = -ln(1 - u) / lambd`` with ``u`` uniform, drawn from ``generator`` (the device's
     default generator when None). Returns ``self``."""
     op = "npu_sim_exponential_"
-    check(self.is_floating_point(), op, "self must be a floating tensor, got %s" % self.dtype)
-    check(lambd > 0, op, "lambd must be > 0, got %s" % lambd)
+    check(self.is_floating_point(), op, "self must be a floating tensor, got %s", self.dtype)
+    check(lambd > 0, op, "lambd must be > 0, got %s", lambd)
     return self.exponential_(lambd, generator=generator)
 
 
@@ -121,9 +121,9 @@ def npu_prefetch(self, dependency, max_size, offset=0):
     once ``dependency`` is computed. It changes no value; the emulated device has no L2 cache,
     so only the arguments are checked."""
     op = "npu_prefetch"
-    check(max_size > 0, op, "max_size must be > 0, got %d" % max_size)
+    check(max_size > 0, op, "max_size must be > 0, got %d", max_size)
     check(0 <= offset < max(1, self.numel() * self.element_size()), op,
-          "offset %d must be inside self (%d bytes)" % (offset, self.numel() * self.element_size()))
+          "offset %d must be inside self (%d bytes)", (offset, self.numel() * self.element_size()))
 
 
 @impl("empty_with_swapped_memory")
@@ -135,7 +135,7 @@ def empty_with_swapped_memory(size, *, dtype=None, device=None):
     if device is None:
         device = torch.device("npu", torch.npu.current_device())
     device = torch.device(device)
-    check(device.type == "npu", op, "device must be an npu device, got %s" % device)
+    check(device.type == "npu", op, "device must be an npu device, got %s", device)
     return torch.empty(list(size), dtype=dtype, device=device)
 
 

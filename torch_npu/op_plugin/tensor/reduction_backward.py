@@ -46,7 +46,7 @@ def npu_renorm_backward(grad, self, p, dim, maxnorm):
     sum(grad * self) * d norm / d self``."""
     p = float(p)
     maxnorm = float(maxnorm)
-    check(p > 0, "npu_renorm_backward", "p must be positive, got %s" % p)
+    check(p > 0, "npu_renorm_backward", "p must be positive, got %s", p)
     d = dim % self.dim()
     reduce_dims = [i for i in range(self.dim()) if i != d]
     x = self

@@ -26,9 +26,9 @@ def npu_scatter(self, indices, updates, dim):
     d = dim % self.dim()
     expected = list(self.shape[:d]) + list(self.shape[d + 1:])
     check(list(indices.shape) == expected, op,
-          "indices shape %s must be self's shape without dim %d, %s" % (list(indices.shape), dim, expected))
+          "indices shape %s must be self's shape without dim %d, %s", (list(indices.shape), dim, expected))
     check(list(updates.shape) == expected, op,
-          "updates shape %s must be self's shape without dim %d, %s" % (list(updates.shape), dim, expected))
+          "updates shape %s must be self's shape without dim %d, %s", (list(updates.shape), dim, expected))
     return self.scatter(d, indices.long().unsqueeze(d), updates.to(self.dtype).unsqueeze(d))
 
 
@@ -42,16 +42,16 @@ def npu_masked_fill_range(self, start, end, value, axis=-1):
     ``start``/``end`` int32 ``[num, N]``, ``value`` ``[num]``."""
     op = "npu_masked_fill_range"
     nd = self.dim()
-    check(1 <= nd <= 3, op, "self must be 1-D, 2-D or 3-D, got %d-D" % nd)
+    check(1 <= nd <= 3, op, "self must be 1-D, 2-D or 3-D, got %d-D", nd)
     ax = axis % nd
     check(start.dim() == 2 and tuple(start.shape) == tuple(end.shape), op,
-          "start and end must be 2-D [num, N] of the same shape, got %s and %s"
-          % (tuple(start.shape), tuple(end.shape)))
+          "start and end must be 2-D [num, N] of the same shape, got %s and %s",
+          (tuple(start.shape), tuple(end.shape)))
     num, n = start.shape
-    check(value.numel() == num, op, "value must have num=%d elements, got %d" % (num, value.numel()))
+    check(value.numel() == num, op, "value must have num=%d elements, got %d", (num, value.numel()))
     per_row = nd >= 2 and ax == nd - 1
     if per_row:
-        check(n <= self.shape[0], op, "N=%d must not exceed self.shape[0]=%d" % (n, self.shape[0]))
+        check(n <= self.shape[0], op, "N=%d must not exceed self.shape[0]=%d", (n, self.shape[0]))
     positions = torch.arange(self.shape[ax], device=self.device)
     out = self
     values = value.reshape(-1).to(self.dtype)
@@ -83,9 +83,9 @@ def _nd_index(op, self, indices, updates):
     check(not indices.is_floating_point() and not indices.is_complex(), op, "indices must be an integer tensor")
     check(indices.dim() >= 1, op, "indices must have at least 1 dim")
     k = indices.size(-1)
-    check(1 <= k <= self.dim(), op, "indices.size(-1)=%d must be in [1, %d]" % (k, self.dim()))
+    check(1 <= k <= self.dim(), op, "indices.size(-1)=%d must be in [1, %d]", (k, self.dim()))
     want = tuple(indices.shape[:-1]) + tuple(self.shape[k:])
-    check(tuple(updates.shape) == want, op, "updates must have shape %s, got %s" % (want, tuple(updates.shape)))
+    check(tuple(updates.shape) == want, op, "updates must have shape %s, got %s", (want, tuple(updates.shape)))
     return tuple(indices.long().unbind(-1))
 
 
@@ -108,17 +108,17 @@ def npu_scatter_nd_update_(self, indices, updates):
 def _scatter_update_index(op, self, indices, updates, axis):
     check(self.dim() >= 2, op, "self must have at least 2 dims")
     ax = axis + self.dim() if axis < 0 else axis
-    check(0 <= ax < self.dim(), op, "axis %d out of range" % axis)
+    check(0 <= ax < self.dim(), op, "axis %d out of range", axis)
     if ax == 0:
         unsupported(op, "axis=0 (indices select along axis per batch row of dim 0)")
     if indices.dim() != 1:
         unsupported(op, "indices of shape %s (only 1-D (batch,) start offsets)" % (tuple(indices.shape),))
     check(not indices.is_floating_point(), op, "indices must be an integer tensor")
-    check(indices.size(0) == self.size(0), op, "indices must have self.size(0)=%d entries" % self.size(0))
+    check(indices.size(0) == self.size(0), op, "indices must have self.size(0)=%d entries", self.size(0))
     check(updates.dim() == self.dim(), op, "updates must have self's rank")
     for d in range(self.dim()):
         if d != ax:
-            check(updates.size(d) == self.size(d), op, "updates.size(%d) must equal self.size(%d)" % (d, d))
+            check(updates.size(d) == self.size(d), op, "updates.size(%d) must equal self.size(%d)", (d, d))
     u = updates.size(ax)
     check(u <= self.size(ax), op, "updates.size(axis) must not exceed self.size(axis)")
     # positions along ax: indices[b] + j, j < u (shape broadcast over dims 0 and ax)

@@ -11,7 +11,7 @@ __all__ = []
 
 def _check_perm(op, perm, ndim):
     check(sorted(int(p) % ndim if ndim else int(p) for p in perm) == list(range(ndim)) and len(perm) == ndim, op,
-          "perm %s is not a permutation of %d dims" % (list(perm), ndim))
+          "perm %s is not a permutation of %d dims", (list(perm), ndim))
 
 
 def _inverse(perm):
@@ -75,13 +75,13 @@ def npu_confusion_transpose_backward(grad, perm, shape, transpose_first):
 
 def _slice(op, x, offsets, size):
     check(len(offsets) == x.dim() and len(size) == x.dim(), op,
-          "offsets and size need one entry per dim (%d), got %d and %d" % (x.dim(), len(offsets), len(size)))
+          "offsets and size need one entry per dim (%d), got %d and %d", (x.dim(), len(offsets), len(size)))
     y = x
     for d, (o, s) in enumerate(zip(offsets, size)):
         n = x.shape[d]
         s = n - o if s == -1 else s
         check(0 <= o and 0 <= s and o + s <= n, op,
-              "dim %d: offset %s + size %s out of range for size %s" % (d, o, s, n))
+              "dim %d: offset %s + size %s out of range for size %s", (d, o, s, n))
         y = y.narrow(d, o, s)
     return y
 
@@ -123,10 +123,10 @@ def npu_one_hot(self, num_classes=-1, depth=1, on_value=1, off_value=0):
     else off_value`` for ``0 <= i < depth``. Indices outside ``[0, depth)`` give an all
     ``off_value`` row. The output is float32 with ``self.dim() + 1`` dims."""
     op = "npu_one_hot"
-    check(depth >= 1, op, "depth must be >= 1, got %d" % depth)
+    check(depth >= 1, op, "depth must be >= 1, got %d", depth)
     ndim = self.dim() + 1
     axis = num_classes
-    check(-ndim <= axis < ndim, op, "axis (num_classes) %d out of range for %d output dims" % (axis, ndim))
+    check(-ndim <= axis < ndim, op, "axis (num_classes) %d out of range for %d output dims", (axis, ndim))
     classes = torch.arange(depth, device=self.device)
     hit = self.unsqueeze(-1) == classes
     y = torch.where(hit, float(on_value), float(off_value)).to(torch.float32)

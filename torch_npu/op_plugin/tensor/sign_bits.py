@@ -23,7 +23,7 @@ def npu_sign_bits_pack(self, size):
     check(self.dtype in (torch.float16, torch.float32), op, "self must be float16 or float32")
     n = self.numel()
     nbytes = (n + 7) // 8
-    check(size > 0 and nbytes % size == 0, op, "size=%d must divide the byte count %d" % (size, nbytes))
+    check(size > 0 and nbytes % size == 0, op, "size=%d must divide the byte count %d", (size, nbytes))
     bits = (self >= 0).to(torch.int32)
     bits = F.pad(bits, (0, nbytes * 8 - n)).view(nbytes, 8)
     weights = (2 ** torch.arange(8, device=self.device, dtype=torch.int32))
@@ -39,7 +39,7 @@ def npu_sign_bits_unpack(input, size, dtype):
     if dtype not in (torch.float16, torch.float32):
         unsupported(op, "dtype=%s (only float16/float32)" % (dtype,))
     n = input.numel() * 8
-    check(size > 0 and n % size == 0, op, "size=%d must divide %d" % (size, n))
+    check(size > 0 and n % size == 0, op, "size=%d must divide %d", (size, n))
     shifts = torch.arange(8, device=input.device, dtype=torch.int32)
     bits = (input.to(torch.int32)[:, None] >> shifts) & 1
     return (bits * 2 - 1).to(dtype).reshape(size, n // size)

@@ -21,7 +21,7 @@ def npu_stride_add(self, other, offset1, offset2, c1_len):
     a = self[:, int(offset1):]
     b = other[:, int(offset2):]
     check(a.shape[1] <= width and b.shape[1] <= width, op,
-          "the sliced channels (%d, %d) must not exceed 16 * c1_len = %d" % (a.shape[1], b.shape[1], width))
+          "the sliced channels (%d, %d) must not exceed 16 * c1_len = %d", (a.shape[1], b.shape[1], width))
 
     def pad(t):
         zeros = t.new_zeros([t.shape[0], width - t.shape[1]] + list(t.shape[2:]))

@@ -21,7 +21,7 @@ def _bert_adam(op, lr, beta1, beta2, epsilon, grad, max_grad_norm, global_grad_n
     if step_size is not None:
         unsupported(op, "step_size=%r (only None, used by adam_mode 'mbart_adam')" % (_f(step_size),))
     for name, t in (("var", var), ("m", m), ("v", v)):
-        check(t.shape == grad.shape, op, "%s shape %s must equal grad shape %s" % (name, tuple(t.shape), tuple(grad.shape)))
+        check(t.shape == grad.shape, op, "%s shape %s must equal grad shape %s", (name, tuple(t.shape), tuple(grad.shape)))
     lr, beta1, beta2, epsilon = _f(lr), _f(beta1), _f(beta2), _f(epsilon)
     max_grad_norm, global_grad_norm, weight_decay = _f(max_grad_norm), _f(global_grad_norm), _f(weight_decay)
     g = acc(grad)
@@ -75,7 +75,7 @@ def _adam_w(op, beta1_power, beta2_power, lr, weight_decay, beta1, beta2, epsilo
     amsgrad = bool(amsgrad) if amsgrad is not None else False
     maximize = bool(maximize) if maximize is not None else False
     for name, t in (("var", var), ("m", m), ("v", v)):
-        check(t.shape == grad.shape, op, "%s shape %s must equal grad shape %s" % (name, tuple(t.shape), tuple(grad.shape)))
+        check(t.shape == grad.shape, op, "%s shape %s must equal grad shape %s", (name, tuple(t.shape), tuple(grad.shape)))
     if amsgrad and max_grad_norm is None:
         unsupported(op, "amsgrad=True without max_grad_norm (the running max of v)")
     b1p, b2p, lr, wd = _f(beta1_power), _f(beta2_power), _f(lr), _f(weight_decay)
@@ -157,7 +157,7 @@ def npu_apply_adam_out(beta1_power, beta2_power, lr, beta1, beta2, epsilon, grad
                        var, m, v):
     for name, t in (("var", var), ("m", m), ("v", v)):
         check(t.shape == grad.shape, "npu_apply_adam",
-              "%s shape %s must equal grad shape %s" % (name, tuple(t.shape), tuple(grad.shape)))
+              "%s shape %s must equal grad shape %s", (name, tuple(t.shape), tuple(grad.shape)))
     new = _apply_adam(beta1_power, beta2_power, lr, beta1, beta2, epsilon, grad, bool(use_nesterov), var, m, v)
     with torch.no_grad():
         for dst, src in zip((var, m, v), new):

@@ -40,9 +40,9 @@ def _pack(keep):
 
 
 def _unpack(op, mask, numel):
-    check(mask.dtype == torch.uint8, op, "mask must be uint8, got %s" % mask.dtype)
+    check(mask.dtype == torch.uint8, op, "mask must be uint8, got %s", mask.dtype)
     check(mask.numel() == _mask_bytes(numel), op,
-          "mask must have ceil(%d/128)*16 = %d bytes, got %d" % (numel, _mask_bytes(numel), mask.numel()))
+          "mask must have ceil(%d/128)*16 = %d bytes, got %d", (numel, _mask_bytes(numel), mask.numel()))
     shifts = torch.arange(8, dtype=torch.uint8, device=mask.device)
     bits = (mask.reshape(-1, 1) >> shifts) & 1
     return bits.reshape(-1)[:numel]
@@ -115,7 +115,7 @@ def npu_dropout_gen_mask(size, p, *, dtype=None, layout=None, device=None, pin_m
         device = torch.device("npu", torch.npu.current_device())
     numel = 1
     for s in size:
-        check(s >= 0, op, "size %s has a negative dim" % (list(size),))
+        check(s >= 0, op, "size %s has a negative dim", (list(size),))
         numel *= s
     return _pack(_gen_keep(numel, p, device))
 
@@ -124,12 +124,12 @@ def npu_dropout_gen_mask(size, p, *, dtype=None, layout=None, device=None, pin_m
 def dropout_with_byte_mask(self, p, train):
     """Dropout (zero with probability ``p``, scale the rest by ``1 / (1 - p)``) when ``train``;
     mask drawn from the device generator (not bit-identical to hardware)."""
-    check(0.0 <= p <= 1.0, "dropout_with_byte_mask", "p must be in [0, 1], got %r" % (p,))
+    check(0.0 <= p <= 1.0, "dropout_with_byte_mask", "p must be in [0, 1], got %r", (p,))
     return torch.nn.functional.dropout(self, p, train)
 
 
 def _check_byte_mask_p(op, p):
-    check(0.0 <= p <= 1.0, op, "dropout probability has to be between 0 and 1, but got %r" % (p,))
+    check(0.0 <= p <= 1.0, op, "dropout probability has to be between 0 and 1, but got %r", (p,))
 
 
 @impl("_dropout_with_byte_mask")

@@ -51,8 +51,7 @@ def _status_fake(self, mode=0):
 def npu_get_float_status(self, mode=0):
     """Reads the float-status register into a new 8-element float32 tensor: all zeros when no
     overflow was recorded, element 0 = 1 when one was."""
-    check(self.dim() == 1, "npu_get_float_status", "self must be the 1-D status buffer, got %s"
-          % (tuple(self.shape),))
+    check(self.dim() == 1, "npu_get_float_status", "self must be the 1-D status buffer, got %s", (tuple(self.shape),))
     return _status(self)
 
 

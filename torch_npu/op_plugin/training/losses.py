@@ -27,15 +27,15 @@ _REDUCTIONS = ("mean", "sum", "none")
 def _ce_checks(op, input, target, weight, reduction):
     if reduction not in _REDUCTIONS:
         unsupported(op, "reduction=%r (expected one of %s)" % (reduction, ", ".join(_REDUCTIONS)))
-    check(input.dim() == 2, op, "input must be 2-D (N, C), got %d-D" % input.dim())
-    check(input.is_floating_point(), op, "input must be a floating tensor, got %s" % input.dtype)
+    check(input.dim() == 2, op, "input must be 2-D (N, C), got %d-D", input.dim())
+    check(input.is_floating_point(), op, "input must be a floating tensor, got %s", input.dtype)
     check(target.dim() == 1 and target.shape[0] == input.shape[0], op,
-          "target must be 1-D of length N=%d, got shape %s" % (input.shape[0], tuple(target.shape)))
+          "target must be 1-D of length N=%d, got shape %s", (input.shape[0], tuple(target.shape)))
     if target.dtype not in (torch.int64, torch.int32):
         unsupported(op, "target dtype %s (int64/int32 only)" % target.dtype)
     if weight is not None:
         check(weight.dim() == 1 and weight.shape[0] == input.shape[1], op,
-              "weight must be 1-D of length C=%d, got shape %s" % (input.shape[1], tuple(weight.shape)))
+              "weight must be 1-D of length C=%d, got shape %s", (input.shape[1], tuple(weight.shape)))
 
 
 def _reduce_rows(vals, valid, reduction):
@@ -63,7 +63,7 @@ def npu_cross_entropy_loss(input, target, weight=None, reduction="mean", ignore_
     """
     op = "npu_cross_entropy_loss"
     _ce_checks(op, input, target, weight, reduction)
-    check(0.0 <= label_smoothing <= 1.0, op, "label_smoothing must be in [0, 1], got %s" % label_smoothing)
+    check(0.0 <= label_smoothing <= 1.0, op, "label_smoothing must be in [0, 1], got %s", label_smoothing)
     xf = acc(input)
     t = target.long()
     w = None if weight is None else weight.to(xf.dtype)
@@ -111,7 +111,7 @@ def npu_cross_entropy_loss_backward(grad_loss, log_prob, target, weight=None, gr
     d = (1 - eps) * wt.unsqueeze(-1) * (p - onehot) + (eps / c) * vf.unsqueeze(-1) * (w.sum() * p - w)
     g = acc(grad_loss).to(lp.dtype)
     if reduction == "none":
-        check(g.numel() == n, op, "grad_loss must have N=%d elements for reduction='none'" % n)
+        check(g.numel() == n, op, "grad_loss must have N=%d elements for reduction='none'", n)
         scale = g.reshape(n)
     elif reduction == "sum":
         scale = g.reshape(()).expand(n)
@@ -141,7 +141,7 @@ def _reduce_grad(op, grad_output, elementwise, reduction, numel):
     """``elementwise`` is d loss_i / d x_i; scale by the incoming gradient per ``reduction``."""
     if reduction == _REDUCTION_NONE:
         return grad_output * elementwise
-    check(reduction in (_REDUCTION_MEAN, _REDUCTION_SUM), op, "reduction must be 0, 1 or 2, got %r" % (reduction,))
+    check(reduction in (_REDUCTION_MEAN, _REDUCTION_SUM), op, "reduction must be 0, 1 or 2, got %r", (reduction,))
     scale = grad_output / numel if reduction == _REDUCTION_MEAN else grad_output
     return scale * elementwise
 

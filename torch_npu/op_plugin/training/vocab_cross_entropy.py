@@ -50,9 +50,9 @@ def npu_fused_linear_online_max_sum(input, weight, target, vocab_start_index, vo
     op = "npu_fused_linear_online_max_sum"
     check(input.dim() == 2 and weight.dim() == 2, op, "input and weight must be 2-D")
     check(target.dim() == 1 and target.shape[0] == input.shape[0], op, "target must be 1-D with input.size(0) rows")
-    check(input.dtype in (torch.float16, torch.bfloat16), op, "input must be float16 or bfloat16, got %s" % input.dtype)
-    check(weight.dtype == input.dtype, op, "weight dtype %s must equal input dtype %s" % (weight.dtype, input.dtype))
-    check(target.dtype in (torch.int32, torch.int64), op, "target must be int32 or int64, got %s" % target.dtype)
+    check(input.dtype in (torch.float16, torch.bfloat16), op, "input must be float16 or bfloat16, got %s", input.dtype)
+    check(weight.dtype == input.dtype, op, "weight dtype %s must equal input dtype %s", (weight.dtype, input.dtype))
+    check(target.dtype in (torch.int32, torch.int64), op, "target must be int32 or int64, got %s", target.dtype)
     check(weight.shape[1] == input.shape[1], op, "weight.size(1) must equal input.size(1)")
     check(vocab_start_index >= 0, op, "vocab_start_index must not be negative")
     check(vocab_end_index >= vocab_start_index, op, "vocab_end_index must not be less than vocab_start_index")
@@ -77,15 +77,14 @@ def npu_fused_cross_entropy_loss_with_max_sum(logits_max, sum_exp_logits, predic
     for name, value in (("input", input), ("weight", weight)):
         if value is not None:
             unsupported(op, "%s (only None)" % name)
-    check(logits_max.dim() == 1, op, "logits_max must be 1-D, got %dD" % logits_max.dim())
+    check(logits_max.dim() == 1, op, "logits_max must be 1-D, got %dD", logits_max.dim())
     for name, t in (("sum_exp_logits", sum_exp_logits), ("predicted_logits", predicted_logits)):
-        check(t.shape == logits_max.shape, op, "%s shape %s must equal logits_max shape %s"
-              % (name, tuple(t.shape), tuple(logits_max.shape)))
+        check(t.shape == logits_max.shape, op, "%s shape %s must equal logits_max shape %s", (name, tuple(t.shape), tuple(logits_max.shape)))
     loss = torch.log(sum_exp_logits.float()) - predicted_logits.float()
     if vocab_parallel_logits is None:
         return loss, None
     check(vocab_parallel_logits.dim() == 2 and vocab_parallel_logits.shape[0] == logits_max.shape[0], op,
-          "vocab_parallel_logits must be 2-D with %d rows" % logits_max.shape[0])
+          "vocab_parallel_logits must be 2-D with %d rows", logits_max.shape[0])
     softmax = torch.exp(vocab_parallel_logits.float() - logits_max.float().unsqueeze(-1)) \
         / sum_exp_logits.float().unsqueeze(-1)
     return loss, softmax
@@ -103,12 +102,12 @@ def npu_fused_linear_cross_entropy_loss_with_max_sum_backward(grad, input, weigh
           "input and weight must be float16 or bfloat16 of the same dtype")
     check(weight.shape[1] == input.shape[1], op, "weight.size(1) must equal input.size(1)")
     bt = input.shape[0]
-    check(grad.dim() == 1 and grad.shape[0] == bt, op, "grad must be 1-D with input.size(0) = %d rows" % bt)
-    check(masked_target.dim() == 1 and masked_target.shape[0] == bt, op, "masked_target must have %d rows" % bt)
+    check(grad.dim() == 1 and grad.shape[0] == bt, op, "grad must be 1-D with input.size(0) = %d rows", bt)
+    check(masked_target.dim() == 1 and masked_target.shape[0] == bt, op, "masked_target must have %d rows", bt)
     check(target_mask.dim() == 1 and target_mask.dtype == torch.uint8 and target_mask.shape[0] * _BITS >= bt, op,
-          "target_mask must be 1-D uint8 holding at least %d bits" % bt)
+          "target_mask must be 1-D uint8 holding at least %d bits", bt)
     if softmax is not None:
-        check(tuple(softmax.shape) == (bt, weight.shape[0]), op, "softmax must be (%d, %d)" % (bt, weight.shape[0]))
+        check(tuple(softmax.shape) == (bt, weight.shape[0]), op, "softmax must be (%d, %d)", (bt, weight.shape[0]))
         g = softmax.float()
     else:
         check(logits_max is not None and sum_exp_logits is not None, op,
