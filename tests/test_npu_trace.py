@@ -194,6 +194,20 @@ def test_kernel_mode_reports_kernels_only():
     assert torch.equal(y.cpu(), torch.full((8,), 2.0))
 
 
+def test_kernel_mode_reports_unboxed_kernels_in_place_tuple_and_list_ops():
+    # these run on the unboxed kernels (csrc/aten/UnboxedKernels.cpp), not the boxed one
+    log = _record_all(KERNEL_KINDS)
+    x = torch.ones(2, 4, device="npu")
+    torch_npu._C._activate_npu_trace(1)
+    x.add_(x)
+    torch.cat([x, x])
+    x.max(1)
+    torch.npu.synchronize()
+    names = [e[1] for e in log if e[0] == "acl_start_execution"]
+    assert names == ["aten::add_.Tensor", "aten::cat", "aten::max.dim"]
+    assert [e[1] for e in log if e[0] == "acl_finish_execution"] == names
+
+
 def test_stream_mode_does_not_report_kernels():
     log = _record_all(KERNEL_KINDS)
     x = torch.ones(8, device="npu")

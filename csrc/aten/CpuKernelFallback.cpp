@@ -398,6 +398,7 @@ KernelRegistration register_explicit_cpu_kernels(const std::unordered_set<std::s
   // rejected. Running the composite itself on the CPU alias keeps the identity.
   lib->impl("addr_", torch::CppFunction::makeFromBoxedFunction<&npu_cpu_kernel>());
   ++counts.zero_copy_explicit;
+  counts.unboxed = register_unboxed_kernels(*lib, native_ops);
   auto& dispatcher = c10::Dispatcher::singleton();
   for (const auto& name : dispatcher.getAllOpNames()) {
     auto op = dispatcher.findOp(name);

@@ -9,6 +9,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 #include <c10/util/FunctionRef.h>
+#include <torch/library.h>
 
 #include <string>
 #include <unordered_set>
@@ -70,8 +71,12 @@ void npu_cpu_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch
 struct KernelRegistration {
   int zero_copy_explicit = 0;
   int emulated_fallback = 0;
+  int unboxed = 0;
 };
 KernelRegistration register_explicit_cpu_kernels(const std::unordered_set<std::string>& native_ops);
+// The unboxed zero-copy kernels of the hottest ops (aten/UnboxedKernels.cpp),
+// for those of them in `native_ops` that have no npu kernel yet. Returns how many.
+int register_unboxed_kernels(torch::Library& lib, const std::unordered_set<std::string>& native_ops);
 
 // One hook in the execution layer. Later layers (CPU-fallback emulation,
 // profiler device timeline) observe each kernel through it. Called on the

@@ -204,6 +204,7 @@ PYBIND11_MODULE(_C, m) {
     py::dict d;
     d["zero_copy_explicit"] = r.zero_copy_explicit;
     d["emulated_fallback"] = r.emulated_fallback;
+    d["unboxed"] = r.unboxed;
     return d;
   });
   m.def("_emu_fallback_report", [] {

@@ -69,8 +69,9 @@ def reset_fallback_report() -> None:
 
 
 def kernel_registration() -> dict:
-    """How many ATen ops got an explicit zero-copy kernel and how many the
-    emulated CPU fallback, when torch_npu was imported."""
+    """How many ATen ops got an explicit zero-copy kernel (``zero_copy_explicit``: the
+    boxed one; ``unboxed``: the unboxed ones of the hottest ops) and how many the
+    emulated CPU fallback (``emulated_fallback``), when torch_npu was imported."""
     return dict(torch_npu._kernel_registration)
 
 

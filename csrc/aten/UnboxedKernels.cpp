@@ -1,0 +1,298 @@
+// Unboxed zero-copy kernels for the ops client code calls most (elementwise
+// math, reductions, matmuls, softmax, layer norm...). They do what the boxed
+// kernel (CpuKernelFallback.cpp) does, without its boxing: no IValue stack,
+// no walk over the schema, no second boxed/unboxed conversion on the way to
+// the CPU kernel. Per op that is about a third of the npu-over-CPU cost.
+//
+// A call takes this path when every tensor argument is an npu tensor of one
+// device (CPU 0-dim tensors may be read, as on CUDA). Anything else (a CPU
+// tensor, two devices) goes to the boxed kernel, which raises the device
+// errors with their real texts.
+#include <ATen/core/boxing/KernelFunction.h>
+#include <ATen/core/boxing/impl/boxing.h>
+#include <ATen/Operators.h>
+#include <c10/util/SmallVector.h>
+#include <torch/library.h>
+
+#include <optional>
+#include <string>
+#include <unordered_set>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "aten/OpExecution.h"
+
+namespace torch_npu::exec {
+namespace {
+
+// One call's argument checks and CPU aliases. Aliases of one npu tensor are
+// one alias; aliases of one npu storage share one CPU storage, so the CPU
+// kernel sees what aliases what (overlap checks), as on the boxed path.
+struct Call {
+  int device = -1;
+  c10::SmallVector<std::pair<at::Tensor, at::Tensor>, 4> aliases;  // (npu tensor, its CPU alias)
+  c10::SmallVector<std::pair<c10::StorageImpl*, c10::Storage>, 4> storages;
+
+  bool accepts(const at::Tensor& t, bool written) {
+    if (!t.defined()) return true;
+    const at::Device d = t.device();
+    if (d.type() == c10::DeviceType::PrivateUse1) {
+      if (device < 0) {
+        device = d.index();
+      } else if (device != d.index()) {
+        return false;
+      }
+      return true;
+    }
+    return !written && d.is_cpu() && t.dim() == 0;
+  }
+
+  at::Tensor alias(const at::Tensor& t) {
+    if (!t.defined() || t.device().type() != c10::DeviceType::PrivateUse1) return t;
+    const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+    for (auto& a : aliases) {
+      if (a.first.unsafeGetTensorImpl() == impl) return a.second;
+    }
+    c10::StorageImpl* npu = impl->unsafe_storage().unsafeGetStorageImpl();
+    c10::Storage shared;
+    for (auto& s : storages) {
+      if (s.first == npu) shared = s.second;
+    }
+    if (!shared) {
+      shared = alias_storage(impl->unsafe_storage());
+      storages.emplace_back(npu, shared);
+    }
+    at::Tensor a = cpu_alias(t, std::move(shared));
+    aliases.emplace_back(t, a);
+    return a;
+  }
+
+  // A CPU kernel result as an npu tensor: an argument returned as is is that
+  // argument; a view of an argument's memory is a view of its npu storage;
+  // anything else is adopted from the device pool.
+  at::Tensor result(const at::Tensor& r) {
+    if (!r.defined() || !r.is_cpu()) return r;
+    const c10::TensorImpl* ri = r.unsafeGetTensorImpl();
+    for (auto& a : aliases) {
+      if (a.second.unsafeGetTensorImpl() == ri) return a.first;
+    }
+    const c10::StorageImpl* s = ri->unsafe_storage().unsafeGetStorageImpl();
+    for (auto& a : aliases) {
+      if (a.second.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl() == s) {
+        return npu_tensor_like(a.first.storage(), r);
+      }
+    }
+    return adopt_result(r, device);
+  }
+};
+
+// Holds the aliases of a tensor list for the duration of the CPU call.
+struct ListAliases {
+  std::vector<at::Tensor> tensors;
+  operator at::ITensorListRef() const { return at::ITensorListRef(tensors); }
+};
+
+// Per argument type: may the fast path take it, and what the CPU kernel gets.
+template <class T>
+struct Arg {
+  static bool accepts(Call&, const T&, bool) { return true; }
+  static const T& to_cpu(Call&, const T& v) { return v; }
+};
+
+template <>
+struct Arg<at::Tensor> {
+  static bool accepts(Call& c, const at::Tensor& t, bool written) { return c.accepts(t, written); }
+  static at::Tensor to_cpu(Call& c, const at::Tensor& t) { return c.alias(t); }
+};
+
+template <>
+struct Arg<std::optional<at::Tensor>> {
+  static bool accepts(Call& c, const std::optional<at::Tensor>& t, bool written) {
+    return !t.has_value() || c.accepts(*t, written);
+  }
+  static std::optional<at::Tensor> to_cpu(Call& c, const std::optional<at::Tensor>& t) {
+    if (!t.has_value()) return t;
+    return c.alias(*t);
+  }
+};
+
+template <>
+struct Arg<at::ITensorListRef> {
+  static bool accepts(Call& c, const at::ITensorListRef& list, bool written) {
+    for (const at::Tensor& t : list) {
+      if (!c.accepts(t, written)) return false;
+    }
+    return true;
+  }
+  static ListAliases to_cpu(Call& c, const at::ITensorListRef& list) {
+    ListAliases out;
+    out.tensors.reserve(list.size());
+    for (const at::Tensor& t : list) out.tensors.push_back(c.alias(t));
+    return out;
+  }
+};
+
+template <class A>
+constexpr bool kWritten = std::is_same_v<A, at::Tensor&>;
+
+template <class R>
+struct Result {
+  static R map(Call&, R r) { return r; }
+};
+
+template <>
+struct Result<at::Tensor> {
+  static at::Tensor map(Call& c, const at::Tensor& r) { return c.result(r); }
+};
+
+template <class... Ts>
+struct Result<std::tuple<Ts...>> {
+  static std::tuple<Ts...> map(Call& c, const std::tuple<Ts...>& r) {
+    return std::apply([&](const auto&... x) { return std::tuple<Ts...>(Result<std::decay_t<decltype(x)>>::map(c, x)...); },
+                      r);
+  }
+};
+
+template <class Op, class Schema = typename Op::schema>
+struct Unboxed;
+
+template <class Op, class Ret, class... Args>
+struct Unboxed<Op, Ret(Args...)> {
+  static const c10::OperatorHandle& op() {
+    static const c10::OperatorHandle handle = find_op(Op::name, Op::overload_name);
+    return handle;
+  }
+
+  static Ret call(c10::DispatchKeySet ks, Args... args) {
+    Call c;
+    const bool fast = (Arg<std::decay_t<Args>>::accepts(c, args, kWritten<Args>) && ...) && c.device >= 0;
+    if (!fast) {
+      return c10::impl::BoxedKernelWrapper<Ret(Args...)>::call(c10::BoxedKernel::makeFromFunction<&npu_cpu_kernel>(),
+                                                               op(), ks, std::forward<Args>(args)...);
+    }
+    auto cpu_args = std::tuple<decltype(Arg<std::decay_t<Args>>::to_cpu(c, args))...>(
+        Arg<std::decay_t<Args>>::to_cpu(c, args)...);
+    constexpr c10::DispatchKeySet kCpu(c10::DispatchKey::CPU);
+    if constexpr (std::is_same_v<Ret, at::Tensor&>) {
+      // in-place: the CPU kernel writes through the alias of self; self is returned
+      {
+        KernelScope scope(op(), c.device);
+        std::apply([&](auto&... a) { Op::redispatch(kCpu, a...); }, cpu_args);
+      }
+      return std::get<0>(std::forward_as_tuple(args...));
+    } else {
+      std::decay_t<Ret> r;
+      {
+        KernelScope scope(op(), c.device);
+        r = std::apply([&](auto&... a) { return Op::redispatch(kCpu, a...); }, cpu_args);
+      }
+      return Result<std::decay_t<Ret>>::map(c, r);
+    }
+  }
+
+  static torch::CppFunction kernel() { return torch::CppFunction::makeFromUnboxedFunction(TORCH_FN(call)); }
+};
+
+struct Entry {
+  const char* name;  // "op.overload" as in the native op list
+  torch::CppFunction (*kernel)();
+};
+
+#define NPU_UNBOXED(NAME, OP) Entry{NAME, &Unboxed<at::_ops::OP>::kernel}
+
+// The ops measured hottest in transformers' training steps and generate loops
+// (bench/client_workloads.py) that run on the boxed kernel.
+const Entry kEntries[] = {
+    NPU_UNBOXED("add.Tensor", add_Tensor),
+    NPU_UNBOXED("add_.Tensor", add__Tensor),
+    NPU_UNBOXED("sub.Tensor", sub_Tensor),
+    NPU_UNBOXED("sub_.Tensor", sub__Tensor),
+    NPU_UNBOXED("mul.Tensor", mul_Tensor),
+    NPU_UNBOXED("mul_.Tensor", mul__Tensor),
+    NPU_UNBOXED("div.Tensor", div_Tensor),
+    NPU_UNBOXED("div_.Tensor", div__Tensor),
+    NPU_UNBOXED("div.Tensor_mode", div_Tensor_mode),
+    NPU_UNBOXED("pow.Tensor_Scalar", pow_Tensor_Scalar),
+    NPU_UNBOXED("pow.Tensor_Tensor", pow_Tensor_Tensor),
+    NPU_UNBOXED("eq.Tensor", eq_Tensor),
+    NPU_UNBOXED("eq.Scalar", eq_Scalar),
+    NPU_UNBOXED("ne.Tensor", ne_Tensor),
+    NPU_UNBOXED("ne.Scalar", ne_Scalar),
+    NPU_UNBOXED("lt.Scalar", lt_Scalar),
+    NPU_UNBOXED("lt.Tensor", lt_Tensor),
+    NPU_UNBOXED("gt.Scalar", gt_Scalar),
+    NPU_UNBOXED("gt.Tensor", gt_Tensor),
+    NPU_UNBOXED("le.Scalar", le_Scalar),
+    NPU_UNBOXED("ge.Scalar", ge_Scalar),
+    NPU_UNBOXED("bitwise_or.Tensor", bitwise_or_Tensor),
+    NPU_UNBOXED("bitwise_and.Tensor", bitwise_and_Tensor),
+    NPU_UNBOXED("bitwise_not", bitwise_not),
+    NPU_UNBOXED("logical_not", logical_not),
+    NPU_UNBOXED("maximum", maximum),
+    NPU_UNBOXED("minimum", minimum),
+    NPU_UNBOXED("where.self", where_self),
+    NPU_UNBOXED("masked_fill_.Scalar", masked_fill__Scalar),
+    NPU_UNBOXED("lerp_.Scalar", lerp__Scalar),
+    NPU_UNBOXED("addcmul_", addcmul_),
+    NPU_UNBOXED("addcdiv_", addcdiv_),
+    NPU_UNBOXED("neg", neg),
+    NPU_UNBOXED("exp", exp),
+    NPU_UNBOXED("log", log),
+    NPU_UNBOXED("rsqrt", rsqrt),
+    NPU_UNBOXED("sqrt", sqrt),
+    NPU_UNBOXED("reciprocal", reciprocal),
+    NPU_UNBOXED("abs", abs),
+    NPU_UNBOXED("cos", cos),
+    NPU_UNBOXED("sin", sin),
+    NPU_UNBOXED("tanh", tanh),
+    NPU_UNBOXED("sigmoid", sigmoid),
+    NPU_UNBOXED("silu", silu),
+    NPU_UNBOXED("relu", relu),
+    NPU_UNBOXED("gelu", gelu),
+    NPU_UNBOXED("sum", sum),
+    NPU_UNBOXED("sum.dim_IntList", sum_dim_IntList),
+    NPU_UNBOXED("mean.dim", mean_dim),
+    NPU_UNBOXED("amax", amax),
+    NPU_UNBOXED("max.dim", max_dim),
+    NPU_UNBOXED("argmax", argmax),
+    NPU_UNBOXED("any", any),
+    NPU_UNBOXED("any.dim", any_dim),
+    NPU_UNBOXED("cumsum", cumsum),
+    NPU_UNBOXED("mm", mm),
+    NPU_UNBOXED("bmm", bmm),
+    NPU_UNBOXED("addmm", addmm),
+    NPU_UNBOXED("baddbmm", baddbmm),
+    NPU_UNBOXED("fill_.Scalar", fill__Scalar),
+    NPU_UNBOXED("zero_", zero_),
+    NPU_UNBOXED("cat", cat),
+    NPU_UNBOXED("index_select", index_select),
+    NPU_UNBOXED("_softmax", _softmax),
+    NPU_UNBOXED("_log_softmax", _log_softmax),
+    NPU_UNBOXED("native_layer_norm", native_layer_norm),
+    NPU_UNBOXED("clone", clone),
+};
+
+#undef NPU_UNBOXED
+
+}  // namespace
+
+int register_unboxed_kernels(torch::Library& lib, const std::unordered_set<std::string>& native_ops) {
+  auto& dispatcher = c10::Dispatcher::singleton();
+  int n = 0;
+  for (const Entry& e : kEntries) {
+    const std::string full(e.name);
+    const auto dot = full.find('.');
+    auto op = dispatcher.findOp({"aten::" + full.substr(0, dot), dot == std::string::npos ? "" : full.substr(dot + 1)});
+    if (!op || op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) continue;
+    // Only where the boxed zero-copy kernel would run: an op torch_npu has an NPU
+    // kernel for (the others go through the emulated CPU fallback, which copies).
+    if (native_ops.count(full) == 0) continue;
+    lib.impl(e.name, e.kernel());
+    ++n;
+  }
+  return n;
+}
+
+}  // namespace torch_npu::exec

@@ -1,0 +1,127 @@
+"""The unboxed zero-copy kernels of the hottest ops (csrc/aten/UnboxedKernels.cpp) behave
+exactly as the boxed kernel and as the CPU: results, identity of in-place results, aliasing
+checks, views, device errors."""
+import pytest
+import torch
+
+import torch_npu
+
+
+def _bits(t):
+    t = t.detach().cpu()
+    return t.view(torch.int32) if t.dtype == torch.float32 else t
+
+
+def test_the_hot_ops_are_registered_unboxed():
+    # every entry of the table is a native torch_npu op, so all of them register
+    assert torch_npu._kernel_registration["unboxed"] >= 60
+
+
+CASES = {
+    "add": lambda a, b: a + b,
+    "add_alpha": lambda a, b: torch.add(a, b, alpha=0.5),
+    "sub": lambda a, b: a - b,
+    "mul_scalar_tensor": lambda a, b: a * torch.tensor(3.0),
+    "div_mode": lambda a, b: torch.div(a, b, rounding_mode="floor"),
+    "pow": lambda a, b: a.abs().pow(1.5),
+    "where": lambda a, b: torch.where(a > b, a, b),
+    "masked_fill": lambda a, b: a.clone().masked_fill_(b > 0, -1.0),
+    "softmax": lambda a, b: torch.softmax(a, -1),
+    "log_softmax": lambda a, b: torch.log_softmax(a, 0),
+    "layer_norm": lambda a, b: torch.nn.functional.layer_norm(a, (a.shape[-1],)),
+    "mm": lambda a, b: a @ b.t(),
+    "addmm": lambda a, b: torch.addmm(a[:, :4], a, b.t()),
+    "sum_dim": lambda a, b: a.sum(1, keepdim=True),
+    "mean_dim": lambda a, b: a.mean((0, 1)),
+    "amax": lambda a, b: a.amax(-1),
+    "cumsum": lambda a, b: a.cumsum(0),
+    "cat": lambda a, b: torch.cat([a, b, a], 1),
+    "index_select": lambda a, b: a.index_select(0, torch.tensor([2, 0], device=a.device)),
+    "gelu_tanh": lambda a, b: torch.nn.functional.gelu(a, approximate="tanh"),
+    "silu": lambda a, b: torch.nn.functional.silu(a),
+    "argmax": lambda a, b: a.argmax(1),
+    "any": lambda a, b: (a > 1).any(),
+    "bitwise": lambda a, b: ~((a > 0) | (b > 0)) & (a < b),
+    "lerp_": lambda a, b: a.clone().lerp_(b, 0.3),
+    "addcmul_": lambda a, b: a.clone().addcmul_(a, b, value=2.0),
+    "addcdiv_": lambda a, b: a.clone().addcdiv_(a, b.abs() + 1, value=0.5),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_results_are_bitwise_the_cpu_results(name):
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(4, 6, generator=g), torch.randn(4, 6, generator=g)
+    want = CASES[name](a, b)
+    got = CASES[name](a.npu(), b.npu())
+    assert got.device.type == "npu"
+    assert got.dtype == want.dtype and got.shape == want.shape
+    assert torch.equal(_bits(got), _bits(want))
+
+
+def test_max_dim_returns_both_results_on_npu():
+    a = torch.randn(3, 5)
+    v, i = a.npu().max(1)
+    wv, wi = a.max(1)
+    assert v.device.type == i.device.type == "npu"
+    assert torch.equal(v.cpu(), wv) and torch.equal(i.cpu(), wi)
+
+
+def test_in_place_returns_the_same_tensor_and_writes_npu_memory():
+    a, b = torch.randn(5).npu(), torch.randn(5).npu()
+    before = a.cpu()
+    r = a.add_(b)
+    assert r is a
+    assert torch.equal(a.cpu(), before + b.cpu())
+    x = torch.randn(5).npu()
+    y = x.cpu()
+    assert x.mul_(x) is x  # the same tensor twice: one alias
+    assert torch.equal(x.cpu(), y * y)
+
+
+def test_partial_overlap_in_place_is_refused_as_on_cpu():
+    def run(dev):
+        x = torch.arange(6.0, device=dev)
+        x[1:].add_(x[:-1])
+    with pytest.raises(RuntimeError) as cpu:
+        run("cpu")
+    with pytest.raises(RuntimeError) as npu:
+        run("npu")
+    assert str(npu.value) == str(cpu.value)
+
+
+def test_a_view_written_in_place_changes_its_base():
+    base = torch.zeros(4, 4).npu()
+    base[1].fill_(2.0)
+    base[:, 2].zero_()
+    want = torch.zeros(4, 4)
+    want[1].fill_(2.0)
+    want[:, 2].zero_()
+    assert torch.equal(base.cpu(), want)
+
+
+def test_clone_of_a_view_owns_its_memory():
+    base = torch.randn(4, 4).npu()
+    c = base[:, 1].clone()
+    assert c.untyped_storage().data_ptr() != base.untyped_storage().data_ptr()
+    assert c.is_contiguous() and torch.equal(c.cpu(), base.cpu()[:, 1])
+
+
+def test_device_errors_keep_their_texts():
+    a = torch.randn(3).npu()
+    with pytest.raises(RuntimeError, match=r"Expected all tensors to be on the same device, but found at least "
+                                           r"two devices, npu:0 and cpu!"):
+        a + torch.randn(3)
+    with pytest.raises(RuntimeError, match=r"Expected all tensors to be on the same device"):
+        torch.cat([a, torch.randn(3)])
+    with pytest.raises(RuntimeError, match=r"Expected all tensors to be on the same device"):
+        torch.randn(3).add_(a)
+
+
+def test_npu_results_come_from_the_device_pool():
+    torch.npu.synchronize()
+    before = torch.npu.memory_allocated()
+    a = torch.randn(1024).npu()
+    r = torch.exp(a)
+    assert torch.npu.memory_allocated() >= before + 2 * 4096
+    del r
