@@ -126,6 +126,10 @@ __attribute__((target("avx2,f16c"))) int64_t avx2_block(const uint32_t* in, uint
 }
 
 // AVX-512F, 16 elements a step, with mask registers for the NaN lanes and the count.
+// (GCC 12's AVX-512 headers self-initialize their "undefined" vectors, which
+// -Wmaybe-uninitialized reports: GCC bug 105593.)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 template <bool Fp16>
 __attribute__((target("avx512f,popcnt"))) int64_t avx512_block(const uint32_t* in, uint32_t* dst, int64_t n) {
   const __m512i abs_mask = _mm512_set1_epi32(static_cast<int>(kAbsMask));
@@ -152,6 +156,7 @@ __attribute__((target("avx512f,popcnt"))) int64_t avx512_block(const uint32_t* i
   }
   return changed + scalar_tail<Fp16>(in + i, dst + i, n - i);
 }
+#pragma GCC diagnostic pop
 #endif
 
 RoundingIsa cpu_rounding_isa() {
