@@ -68,6 +68,23 @@ def hf32_tensor(t: torch.Tensor) -> torch.Tensor:
     return torch.tensor(np.array(out, dtype=np.uint32).view(np.int32)).view(torch.float32).view(t.shape)
 
 
+def hf32_numpy(bits: np.ndarray) -> np.ndarray:
+    """The same rounding as hf32_reference, vectorized in float64 (exact for these
+    values): round half to even on a quantum of 2**(exponent - 11), the exponent
+    clamped at fp32's smallest normal one; overflow to infinity; NaN kept."""
+    with np.errstate(invalid="ignore"):                   # signalling NaNs
+        x = bits.view(np.float32).astype(np.float64)
+    finite = np.isfinite(x) & (x != 0)
+    _, e = np.frexp(np.where(finite, x, 1.0))            # |x| = m * 2**e, m in [0.5, 1)
+    quantum = np.ldexp(1.0, np.maximum(e - 1, _HF32_MIN_EXP) - 11)
+    rounded = np.round(x / quantum) * quantum             # np.round: half to even
+    rounded = np.where(np.abs(rounded) > float(_HF32_MAX), np.copysign(np.inf, x), rounded)
+    with np.errstate(over="ignore"):
+        out = np.where(finite, rounded, x).astype(np.float32).view(np.uint32)
+    out = np.where(np.isnan(x), bits, out)                # NaN bits unchanged
+    return np.where(out == 0, bits & 0x80000000, out).astype(np.uint32)   # a signed zero keeps its sign
+
+
 def fp16_tensor(t: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(t.detach().numpy().astype(np.float16).astype(np.float32))
 
@@ -183,11 +200,85 @@ def test_rounding_keeps_strides_of_dense_inputs():
     assert _same_bits(out, hf32_tensor(sliced))
 
 
+def _patterns(n, seed):
+    """n fp32 bit patterns: random ones (every exponent, NaNs and infinities among
+    them), with ties, subnormals and the largest finite values mixed in."""
+    rng = np.random.default_rng(seed)
+    bits = rng.integers(0, 2 ** 32, size=n, dtype=np.uint64).astype(np.uint32)
+    edges = np.array([b for b, _ in EDGES] + NANS, dtype=np.uint32)
+    at = rng.choice(n, size=min(n, 4 * len(edges)), replace=False)
+    bits[at] = np.resize(edges, at.size)
+    return bits
+
+
+def _round_np(bits, kind, isa=2):
+    t = torch.from_numpy(bits.view(np.int32).copy()).view(torch.float32)
+    out, changed = torch_npu._C._emu_round_cube_input(t, kind, isa)
+    return out.view(torch.int32).numpy().view(np.uint32), changed
+
+
+def _fp16_numpy(bits):
+    with np.errstate(over="ignore"):
+        want = bits.view(np.float32).astype(np.float16).astype(np.float32).view(np.uint32)
+    return np.where(np.isnan(bits.view(np.float32)), bits, want)   # NaN bits unchanged
+
+
+def test_hf32_numpy_reference_agrees_with_the_exact_one():
+    bits = _patterns(4000, 3)
+    want = [hf32_reference(int(b)) if not math.isnan(_f32(int(b))) else int(b) for b in bits]
+    assert hf32_numpy(bits).tolist() == want
+
+
+_ISAS = {0: "portable", 1: "avx2", 2: "avx512"}
+
+
+@pytest.mark.parametrize("n", [1, 7, 8, 9, 15, 16, 17, 31, 1000, 262145, 1000003])
+@pytest.mark.parametrize("kind", [0, 1], ids=["hf32", "fp16"])
+def test_every_instruction_set_rounds_every_size(kind, n):
+    # sizes below, at and around the 8- and 16-lane steps (the scalar tail), and
+    # above the parallel grain (262144) with a ragged end; each instruction set
+    # this CPU has, the portable one included
+    bits = _patterns(n, n)
+    want = hf32_numpy(bits) if kind == 0 else _fp16_numpy(bits)
+    for isa in range(torch_npu._C._emu_round_cube_input_isa() + 1):
+        got, changed = _round_np(bits, kind, isa)
+        assert np.array_equal(got, want), f"{_ISAS[isa]}: {np.flatnonzero(got != want)[:5]}"
+        assert changed == int((want != bits).sum()), _ISAS[isa]
+
+
+def test_the_best_instruction_set_the_cpu_has_is_used():
+    flags = set()
+    if Path("/proc/cpuinfo").exists():
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    if not flags:
+        pytest.skip("no /proc/cpuinfo flags to check against")
+    want = 2 if "avx512f" in flags else 1 if {"avx2", "f16c"} <= flags else 0
+    assert torch_npu._C._emu_round_cube_input_isa() == want
+
+
+@pytest.mark.parametrize("kind", [0, 1], ids=["hf32", "fp16"])
+def test_rounding_non_contiguous_inputs(kind):
+    ref = hf32_tensor if kind == 0 else fp16_tensor
+    base = torch.randn(37, 45) * 1000
+    for view in (base.t(), base[:, 3:40:2], base[5:30], base.t()[::3]):
+        out, changed = torch_npu._C._emu_round_cube_input(view, kind)
+        want = ref(view.contiguous())
+        assert _same_bits(out, want)
+        assert changed == int((want.view(torch.int32) != view.contiguous().view(torch.int32)).sum())
+        if view.is_contiguous() or view.t().is_contiguous():
+            assert out.stride() == view.stride()
+
+
 def test_rounding_rejects_what_it_cannot_round():
     with pytest.raises(RuntimeError, match="expects a float32 tensor"):
         torch_npu._C._emu_round_cube_input(torch.zeros(2, dtype=torch.float16), 0)
     with pytest.raises(RuntimeError, match="kind must be 0"):
         torch_npu._C._emu_round_cube_input(torch.zeros(2), 5)
+    with pytest.raises(RuntimeError, match="isa must be 0, 1 or 2"):
+        torch_npu._C._emu_round_cube_input(torch.zeros(2), 0, 3)
 
 
 # ---------------------------------------------------------------- switches
@@ -242,6 +333,118 @@ def test_matmul_is_exact_by_default_and_hf32_when_allowed(chip):
                       torch.baddbmm(c, hf32_tensor(b1), hf32_tensor(b2)))
 
 
+def _mats(*shapes):
+    torch.manual_seed(3)
+    return [torch.randn(*shape) for shape in shapes]
+
+
+def test_out_overloads_round_and_write_out(chip):
+    torch.npu.matmul.allow_hf32 = True
+    h = hf32_tensor
+    a, m, bias = _mats((5, 7), (7, 3), (5, 3))
+    b1, b2, c = _mats((2, 5, 7), (2, 7, 3), (2, 5, 3))
+    cases = [
+        ("mm.out", lambda *x, out: torch.mm(*x, out=out), (a, m), torch.mm(h(a), h(m))),
+        ("bmm.out", lambda *x, out: torch.bmm(*x, out=out), (b1, b2), torch.bmm(h(b1), h(b2))),
+        ("addmm.out", lambda *x, out: torch.addmm(*x, beta=0.5, alpha=2.0, out=out), (bias, a, m),
+         torch.addmm(bias, h(a), h(m), beta=0.5, alpha=2.0)),
+        ("baddbmm.out", lambda *x, out: torch.baddbmm(*x, out=out), (c, b1, b2), torch.baddbmm(c, h(b1), h(b2))),
+        ("addbmm.out", lambda *x, out: torch.addbmm(*x, out=out), (bias, b1, b2), torch.addbmm(bias, h(b1), h(b2))),
+    ]
+    for name, fn, args, want in cases:
+        out = torch.empty(0, device="npu")                  # resized by the kernel, as on CPU
+        got = fn(*[x.npu() for x in args], out=out)
+        assert got is out and out.device.type == "npu"
+        assert _same_bits(out, want), name
+    report = {e["op"]: e for e in emulator.numerics_report()}
+    assert sorted(report) == sorted(name for name, *_ in cases)
+    assert report["mm.out"]["elements"] == a.numel() + m.numel() and report["mm.out"]["rounding"] == "hf32"
+
+
+def test_out_may_alias_an_input(chip):
+    # the rounded copy is not the out tensor: the product reads the rounded inputs
+    torch.npu.matmul.allow_hf32 = True
+    a, m = _mats((4, 4), (4, 4))
+    an = a.npu()
+    torch.mm(an, m.npu(), out=an)
+    assert _same_bits(an, hf32_tensor(a) @ hf32_tensor(m))
+    c = torch.randn(4, 4)
+    cn = c.npu()
+    torch.addmm(cn, cn, m.npu(), out=cn)                     # self, mat1 and out all one tensor
+    assert _same_bits(cn, torch.addmm(c, hf32_tensor(c), hf32_tensor(m)))
+
+
+def test_inplace_variants_return_self(chip):
+    torch.npu.matmul.allow_hf32 = True
+    h = hf32_tensor
+    a, m, bias = _mats((5, 7), (7, 3), (5, 3))
+    b1, b2, c = _mats((2, 5, 7), (2, 7, 3), (2, 5, 3))
+    for name, self_, args, want in [
+        ("addmm_", bias, (a, m), torch.addmm(bias, h(a), h(m))),
+        ("baddbmm_", c, (b1, b2), torch.baddbmm(c, h(b1), h(b2))),
+        ("addbmm_", bias, (b1, b2), torch.addbmm(bias, h(b1), h(b2))),
+    ]:
+        sn = self_.npu()
+        assert getattr(sn, name)(*[x.npu() for x in args]) is sn
+        assert _same_bits(sn, want), name
+    # self also a factor of the product: rounded as an input, written as the result
+    x, y = _mats((4, 4), (4, 4))
+    xn = x.npu()
+    xn.addmm_(xn, y.npu())
+    assert _same_bits(xn, torch.addmm(x, h(x), h(y)))
+
+
+def test_non_contiguous_inputs_keep_their_layout(chip):
+    torch.npu.matmul.allow_hf32 = True
+    base, other = _mats((9, 12), (12, 9))
+    # transposed (dense): the rounded copy keeps the strides, BLAS takes the same path
+    got = torch.mm(base.npu().t(), other.npu().t())
+    assert _same_bits(got, torch.mm(hf32_tensor(base).t(), hf32_tensor(other).t()))
+    # sliced (not dense): rounded into a contiguous copy
+    got = torch.mm(base.npu()[:, ::2], other.npu()[::2, :])
+    assert _same_bits(got, torch.mm(hf32_tensor(base[:, ::2].contiguous()), hf32_tensor(other[::2, :].contiguous())))
+
+
+def test_the_same_tensor_twice_counts_twice(chip):
+    torch.npu.matmul.allow_hf32 = True
+    (a,) = _mats((6, 6))
+    assert _same_bits(a.npu() @ a.npu().t(), hf32_tensor(a) @ hf32_tensor(a).t())
+    an = a.npu()
+    assert _same_bits(torch.mm(an, an), hf32_tensor(a) @ hf32_tensor(a))
+    changed = int((hf32_tensor(a) != a).sum())
+    assert {e["op"]: e for e in emulator.numerics_report()}["mm"]["elements"] == 4 * a.numel()
+    assert {e["op"]: e for e in emulator.numerics_report()}["mm"]["changed"] == 4 * changed
+
+
+def test_report_names_both_kinds_of_one_op(chip):
+    torch.npu.matmul.allow_hf32 = True
+    a, m = _mats((3, 3), (3, 3))
+    a.npu() @ m.npu()
+    torch.npu.set_option({"ACL_PRECISION_MODE": "allow_fp32_to_fp16"})
+    torch.npu.matmul.allow_hf32 = False
+    assert _same_bits(a.npu() @ m.npu(), fp16_tensor(a) @ fp16_tensor(m))
+    (entry,) = emulator.numerics_report()
+    assert entry == {"op": "mm", "calls": 2, "rounding": "fp16/hf32", "elements": 36,
+                     "changed": entry["changed"]}
+
+
+def test_a_cube_math_type_chip_mode_cannot_read_is_refused(chip):
+    torch.npu.matmul.allow_hf32 = True
+    a, m = _mats((3, 3), (3, 3))
+    with pytest.raises(ValueError, match="MATMUL_CUBE_MATH_TYPE is '7'"):
+        torch.npu.set_option({"MATMUL_CUBE_MATH_TYPE": "7"})
+    # refused as a whole: the store and the kernels keep the previous state
+    assert _option_store.get_option("MATMUL_CUBE_MATH_TYPE") is None
+    assert _same_bits(a.npu() @ m.npu(), hf32_tensor(a) @ hf32_tensor(m))
+    # in exact mode the value is only stored; switching chip mode on then refuses
+    emulator.set_numerics("exact")
+    torch.npu.set_option({"MATMUL_CUBE_MATH_TYPE": "x"})
+    with pytest.raises(ValueError, match="MATMUL_CUBE_MATH_TYPE is 'x'"):
+        emulator.set_numerics("chip")
+    assert emulator.get_numerics() == "exact"
+    assert _same_bits(a.npu() @ m.npu(), a @ m)
+
+
 def test_precision_mode_and_cube_math_type(chip):
     torch.manual_seed(2)
     a, m = torch.randn(6, 5) * 3, torch.randn(5, 4)
@@ -288,7 +491,9 @@ def test_numerics_report_counts_and_resets(chip):
 
 
 def test_exact_mode_leaves_the_dispatch_table_as_it_was():
-    before = {op: torch._C._dispatch_dump(f"aten::{op}") for op in ("mm", "addmm", "convolution_overrideable")}
+    before = {op: torch._C._dispatch_dump(f"aten::{op}")
+              for op in ("mm", "addmm", "addmm_", "mm.out", "baddbmm.out", "convolution_overrideable",
+                         "convolution_backward_overrideable")}
     emulator.set_numerics("chip")
     during = torch._C._dispatch_dump("aten::mm")
     emulator.set_numerics("exact")
@@ -298,6 +503,25 @@ def test_exact_mode_leaves_the_dispatch_table_as_it_was():
     torch.npu.conv.allow_hf32 = True
     x, w, b = _conv_inputs()
     assert _same_bits(F.conv2d(x.npu(), w.npu(), b.npu()), F.conv2d(x, w, b))
+
+
+def test_switching_modes_is_silent():
+    # the chip kernels replace registered npu kernels; the dispatcher's override
+    # warning must not reach stderr or Python's warnings
+    code = """
+import torch, torch_npu, torch.nn.functional as F
+from torch_npu import emulator
+for mode in ("chip", "exact", "chip"):
+    emulator.set_numerics(mode)
+x = torch.randn(1, 2, 5, 5, device="npu")
+F.conv2d(x, torch.randn(3, 2, 3, 3, device="npu"))
+print([e["op"] for e in emulator.numerics_report()])
+"""
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-W", "error", "-c", code], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == "['convolution_overrideable']" and proc.stderr == ""
 
 
 def test_env_var_starts_chip_mode_and_checks_the_soc():

@@ -287,7 +287,14 @@ int prepare_cpu_call(const c10::OperatorHandle& op, torch::jit::Stack* stack,
   return device;
 }
 
-void npu_cpu_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+namespace {
+
+// The boxed npu kernel's body; `before_cpu_kernel(stack, first_arg)` runs
+// inside the kernel scope on the CPU arguments, just before the CPU kernel.
+// A template, so the plain kernel's empty hook costs nothing.
+template <class BeforeCpuKernel>
+void run_boxed_cpu_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                          BeforeCpuKernel&& before_cpu_kernel) {
   c10::SmallVector<AliasEntry, 8> aliases;
   c10::SmallVector<AliasStorage, 8> alias_storages;
 
@@ -318,6 +325,7 @@ void npu_cpu_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::j
 
   {
     KernelScope scope(op, device);
+    before_cpu_kernel(stack, stack->size() - op.schema().arguments().size());
     try {
       op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
     } catch (const c10::NotImplementedError&) {
@@ -384,6 +392,17 @@ void npu_cpu_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::j
       iv = std::move(out);
     }
   }
+}
+
+}  // namespace
+
+void npu_cpu_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  run_boxed_cpu_kernel(op, stack, [](torch::jit::Stack*, size_t) {});
+}
+
+void npu_cpu_kernel_with(const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                         c10::function_ref<void(torch::jit::Stack*, size_t)> before_cpu_kernel) {
+  run_boxed_cpu_kernel(op, stack, before_cpu_kernel);
 }
 
 KernelRegistration register_explicit_cpu_kernels(const std::unordered_set<std::string>& native_ops) {

@@ -61,6 +61,11 @@ int prepare_cpu_call(const c10::OperatorHandle& op, torch::jit::Stack* stack,
 
 // The boxed kernel used for every ATen op without a dedicated npu kernel.
 void npu_cpu_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack);
+// The same, with `before_cpu_kernel(stack, first_arg)` run inside the kernel
+// scope on the prepared CPU arguments (stack[first_arg...]) just before the
+// CPU kernel; it may replace input arguments (chip numerics rounds them).
+void npu_cpu_kernel_with(const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                         c10::function_ref<void(torch::jit::Stack*, size_t)> before_cpu_kernel);
 
 // Registers kernels explicitly, op by op, at import:
 // - the zero-copy boxed kernel for ops that have both a CPU kernel and a

@@ -13,6 +13,7 @@
 #include <ATen/ops/ones.h>
 #include <c10/core/Allocator.h>
 
+#include "aten/ChipNumericsKernels.h"
 #include "aten/CubeInputRounding.h"
 #include "aten/EmulatedCpuFallback.h"
 #include "aten/OpExecution.h"
@@ -422,12 +423,35 @@ PYBIND11_MODULE(_C, m) {
   });
   // chip-numerics mode: round an fp32 cube-op input (a CPU alias) to HF32
   // (kind 0) or fp16 (kind 1); returns (rounded copy, elements changed)
-  m.def("_emu_round_cube_input", [](const at::Tensor& t, int kind) {
-    TORCH_CHECK(kind == 0 || kind == 1, "_emu_round_cube_input: kind must be 0 (HF32) or 1 (fp16), got ", kind);
-    auto [rounded, changed] = torch_npu::numerics::round_cube_input(
-        t, kind == 0 ? torch_npu::numerics::CubeRounding::HF32 : torch_npu::numerics::CubeRounding::FP16);
-    return py::make_tuple(rounded, changed);
+  // (isa: the best instruction set to use, 0 portable, 1 AVX2, 2 AVX-512; for tests)
+  m.def(
+      "_emu_round_cube_input",
+      [](const at::Tensor& t, int kind, int isa) {
+        TORCH_CHECK(kind == 0 || kind == 1, "_emu_round_cube_input: kind must be 0 (HF32) or 1 (fp16), got ", kind);
+        TORCH_CHECK(isa >= 0 && isa <= 2, "_emu_round_cube_input: isa must be 0, 1 or 2, got ", isa);
+        auto [rounded, changed] = torch_npu::numerics::round_cube_input(
+            t, kind == 0 ? torch_npu::numerics::CubeRounding::HF32 : torch_npu::numerics::CubeRounding::FP16,
+            static_cast<torch_npu::numerics::RoundingIsa>(isa));
+        return py::make_tuple(rounded, changed);
+      },
+      py::arg("t"), py::arg("kind"), py::arg("isa") = 2);
+  m.def("_emu_round_cube_input_isa", [] { return static_cast<int>(torch_npu::numerics::best_rounding_isa()); });
+  // the chip kernels (aten/ChipNumericsKernels.cpp): installed while chip mode
+  // is on; each family's rounding (-1 keep, 0 HF32, 1 fp16) pushed by Python
+  m.def("_emu_chip_kernels", &torch_npu::numerics::enable_chip_kernels);
+  m.def("_emu_set_cube_rounding", [](int matmul, int conv) {
+    torch_npu::numerics::set_family_rounding(torch_npu::numerics::CubeFamily::Matmul, matmul);
+    torch_npu::numerics::set_family_rounding(torch_npu::numerics::CubeFamily::Conv, conv);
   });
+  // [(op, calls, kinds: bit 0 HF32 / bit 1 fp16, elements, changed)]
+  m.def("_emu_numerics_report", [] {
+    py::list out;
+    for (const auto& c : torch_npu::numerics::chip_report()) {
+      out.append(py::make_tuple(c.op, c.calls, c.kinds, c.elements, c.changed));
+    }
+    return out;
+  });
+  m.def("_emu_reset_numerics_report", &torch_npu::numerics::reset_chip_report);
   py::class_<KernelScopeContext>(m, "_NpuKernelScope")
       .def(py::init([](const std::string& name, const std::string& overload, int64_t device) {
         return KernelScopeContext{torch_npu::exec::find_op(name.c_str(), overload.c_str()), checked_device(device),

@@ -8,16 +8,18 @@ fp32 inputs to the precision the cube unit uses (HF32 or fp16, chosen by
 product, which then accumulates in fp32. docs/numerics.md states every rule
 with its public source, and what is not modelled.
 
-Exact mode costs nothing: the chip kernels exist only while chip mode is on,
-as a ``torch.library`` IMPL library on the PrivateUse1 key that is created
-by ``set_numerics("chip")`` and destroyed by ``set_numerics("exact")`` (the
-dispatcher then runs the previous kernels again).
+The rules live here (``cube_math_type``, ``rounding``); the kernels are C++
+(csrc/aten/ChipNumericsKernels.cpp). Python pushes each family's rounding to
+them whenever it can change: on ``set_mode`` and on every option change
+(``_option_store.set_options``, where every switch lands). Exact mode costs
+nothing: the chip kernels exist only while chip mode is on, as an IMPL
+library on the PrivateUse1 key that ``set_numerics("chip")`` creates and
+``set_numerics("exact")`` destroys (the dispatcher then runs the previous
+kernels again). The report is counted in C++.
 """
 import enum
 import threading
-from typing import Dict, List, Optional, Tuple
-
-import torch
+from typing import List, Optional
 
 import torch_npu
 from torch_npu import _settings
@@ -28,7 +30,8 @@ MODES = ("exact", "chip")
 
 
 class _Rounding(enum.IntEnum):
-    # values are the kind argument of torch_npu._C._emu_round_cube_input
+    # values are the kind argument of torch_npu._C._emu_round_cube_input and
+    # _emu_set_cube_rounding, and the bit of the kinds mask of _emu_numerics_report
     HF32 = 0
     FP16 = 1
 
@@ -57,9 +60,6 @@ _CUBE_MATH_TYPE_OF_SWITCHES = {
 
 _lock = threading.Lock()
 _mode = "exact"
-_library: Optional[torch.library.Library] = None
-# op name -> [calls, rounding name, elements rounded, elements changed]
-_report: Dict[str, list] = {}
 
 
 def _chip_modelled(device_name: str) -> bool:
@@ -95,7 +95,11 @@ def cube_math_type(family: str) -> int:
         from torch_npu.npu import _option_store
         explicit = _option_store.get_option("MATMUL_CUBE_MATH_TYPE")
         if explicit:
-            return int(explicit.decode())
+            value = explicit.decode()
+            if not value.isdigit() or int(value) not in _ROUNDING_OF_CUBE_MATH_TYPE:
+                raise ValueError(f"MATMUL_CUBE_MATH_TYPE is {value!r}; chip numerics needs one of "
+                                 f"{sorted(_ROUNDING_OF_CUBE_MATH_TYPE)} (torch.npu.CubeMathType)")
+            return int(value)
         allow_hf32 = _flag("ALLOW_MATMUL_HF32", False)
     else:
         allow_hf32 = _flag("ALLOW_CONV_HF32", True)
@@ -107,123 +111,46 @@ def rounding(family: str) -> Optional[_Rounding]:
     return _ROUNDING_OF_CUBE_MATH_TYPE[cube_math_type(family)]
 
 
-def _record(op: str, kind: _Rounding, elements: int, changed: int) -> None:
+def _kind_code(kind: Optional[_Rounding]) -> int:
+    return -1 if kind is None else int(kind)
+
+
+def _push_rounding() -> None:
+    """Hand the C++ kernels each family's rounding under the current switches."""
+    torch_npu._C._emu_set_cube_rounding(_kind_code(rounding("matmul")), _kind_code(rounding("conv")))
+
+
+def options_changed() -> None:
+    """Called by the option store after every change: in chip mode the kernels
+    take the new rounding from the next call on. Raises what ``rounding`` raises
+    for a value it cannot interpret."""
     with _lock:
-        entry = _report.get(op)
-        if entry is None:
-            entry = _report[op] = [0, set(), 0, 0]
-        entry[0] += 1
-        entry[1].add(kind.name.lower())
-        entry[2] += elements
-        entry[3] += changed
+        if _mode == "chip":
+            _push_rounding()
+
+
+def _register_option_listener() -> None:
+    from torch_npu.npu import _option_store
+    _option_store.add_listener(options_changed)
+
+
+_register_option_listener()
 
 
 def report() -> List[dict]:
-    with _lock:
-        return [{"op": op, "calls": e[0], "rounding": "/".join(sorted(e[1])), "elements": e[2], "changed": e[3]}
-                for op, e in sorted(_report.items())]
+    kinds = [(r, r.name.lower()) for r in _Rounding]
+    return sorted(({"op": op, "calls": calls, "rounding": "/".join(sorted(n for r, n in kinds if mask >> r & 1)),
+                    "elements": elements, "changed": changed}
+                   for op, calls, mask, elements, changed in torch_npu._C._emu_numerics_report()),
+                  key=lambda e: e["op"])
 
 
 def reset_report() -> None:
-    with _lock:
-        _report.clear()
-
-
-# ------------------------------------------------------------------ kernels
-# Each chip kernel runs the op's CPU kernel on CPU aliases of the npu
-# arguments (zero-copy, as the default npu kernels do), with the cube inputs
-# replaced by rounded copies: one elementwise pass over each of them.
-
-def _cpu(x):
-    return torch_npu._C._npu_cpu_alias(x) if isinstance(x, torch.Tensor) and x.device.type == "npu" else x
-
-
-def _device_of(args) -> int:
-    for a in args:
-        if isinstance(a, torch.Tensor) and a.device.type == "npu":
-            return a.device.index
-    return torch_npu.npu.current_device()
-
-
-def _conv_forward(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
-    # convolution_overrideable has no CPU kernel: the npu kernel runs aten::convolution
-    return torch.ops.aten.convolution.default(input, weight, bias, stride, padding, dilation, transposed,
-                                              output_padding, groups)
-
-
-def _conv_backward(grad_output, input, weight, stride, padding, dilation, transposed, output_padding, groups,
-                   output_mask):
-    # as DirectKernels.cpp's convolution_backward_overrideable does
-    bias_sizes = [weight.size(1) * groups if transposed else weight.size(0)]
-    return torch.ops.aten.convolution_backward.default(grad_output, input, weight, bias_sizes, stride, padding,
-                                                       dilation, transposed, output_padding, groups, output_mask)
-
-
-class _CubeOp:
-    """The chip kernel of one ATen overload: ``cube_args`` are the positions of
-    the product's inputs, rounded when all of them are fp32; ``cpu_fn`` runs
-    the op on CPU tensors (default: the ATen overload itself)."""
-
-    def __init__(self, name: str, family: str, cube_args: Tuple[int, ...], cpu_fn=None):
-        self.name, self.family, self.cube_args = name, family, cube_args
-        self.cpu_fn = cpu_fn if cpu_fn is not None else getattr(torch.ops.aten, name).default
-        self.inplace = name.endswith("_")
-        self.aten_name = f"aten::{name}"
-
-    def __call__(self, *args, **kwargs):
-        device = _device_of(args)
-        cpu_args = [_cpu(a) for a in args]
-        kind = rounding(self.family)
-        # inside the kernel scope: the rounded copies, like the outputs, come from
-        # the device pool (no page faults), and the timeline times the rounding too
-        with torch_npu._C._NpuKernelScope(self.aten_name, "", device):
-            if kind is not None and all(cpu_args[i].dtype == torch.float32 for i in self.cube_args):
-                elements = changed = 0
-                for i in self.cube_args:
-                    rounded, n_changed = torch_npu._C._emu_round_cube_input(cpu_args[i], int(kind))
-                    cpu_args[i] = rounded
-                    elements += rounded.numel()
-                    changed += n_changed
-                _record(self.name, kind, elements, changed)
-            result = self.cpu_fn(*cpu_args, **kwargs)  # kwargs: scalars (beta, alpha)
-            if self.inplace:
-                return args[0]  # the CPU kernel wrote through the alias of args[0]
-            if isinstance(result, tuple):
-                return tuple(torch_npu._C._npu_adopt(r, device) if isinstance(r, torch.Tensor) else r
-                             for r in result)
-            return torch_npu._C._npu_adopt(result, device)
-
-
-# (name, family, positions of the product's inputs, CPU implementation);
-# the default overloads. Out= overloads keep their exact kernels (docs/numerics.md).
-_CUBE_OPS = (
-    ("mm", "matmul", (0, 1), None),
-    ("bmm", "matmul", (0, 1), None),
-    ("addmm", "matmul", (1, 2), None),
-    ("addmm_", "matmul", (1, 2), None),
-    ("baddbmm", "matmul", (1, 2), None),
-    ("baddbmm_", "matmul", (1, 2), None),
-    ("addbmm", "matmul", (1, 2), None),
-    ("addbmm_", "matmul", (1, 2), None),
-    ("convolution_overrideable", "conv", (0, 1), _conv_forward),
-    ("convolution_backward_overrideable", "conv", (0, 1, 2), _conv_backward),
-)
-
-
-def _install() -> torch.library.Library:
-    import warnings
-    lib = torch.library.Library("aten", "IMPL", "PrivateUse1")
-    with warnings.catch_warnings():
-        # replacing the default npu kernel is the point; the warning says so
-        warnings.filterwarnings("ignore", message=r"(?s).*(Overriding a previously registered kernel"
-                                                  r"|other operators may also be overridden)")
-        for name, family, cube_args, cpu_fn in _CUBE_OPS:
-            lib.impl(name, _CubeOp(name, family, cube_args, cpu_fn))
-    return lib
+    torch_npu._C._emu_reset_numerics_report()
 
 
 def set_mode(mode: str) -> None:
-    global _mode, _library
+    global _mode
     if not isinstance(mode, str) or mode not in MODES:
         raise ValueError(f"numerics mode must be 'exact' or 'chip', got {mode!r}")
     with _lock:
@@ -233,11 +160,10 @@ def set_mode(mode: str) -> None:
                 raise ValueError(f"numerics mode 'chip' (TORCH_NPU_EMU_NUMERICS, torch_npu.emulator.set_numerics) "
                                  f"models the Atlas A2/A3 SoCs (Ascend910B*, Ascend910_93*); the emulated device is "
                                  f"{name} (TORCH_NPU_EMU_DEVICE_NAME)")
-            if _library is None:
-                _library = _install()
-        elif _library is not None:
-            _library._destroy()
-            _library = None
+            _push_rounding()
+            torch_npu._C._emu_chip_kernels(True)
+        else:
+            torch_npu._C._emu_chip_kernels(False)
         _mode = mode
 
 

@@ -8,7 +8,7 @@ and every value is read back by the getters (``matmul.allow_hf32``,
 C++ getter returns them.
 """
 import threading
-from typing import Dict, Optional
+from typing import Callable, Dict, List, Optional
 
 from torch_npu import _settings
 
@@ -16,6 +16,8 @@ __all__ = []
 
 _lock = threading.Lock()
 _options: Dict[str, str] = {}
+# Called after every change; chip numerics pushes its rounding to its C++ kernels from here.
+_listeners: List[Callable[[], None]] = []
 
 
 def _initial_options() -> Dict[str, str]:
@@ -32,7 +34,27 @@ _options.update(_initial_options())
 def set_options(option: Dict[str, str]) -> None:
     """Store each ``name -> value`` (values already converted to str)."""
     with _lock:
+        previous = dict(_options)
         _options.update({str(k): str(v) for k, v in option.items()})
+    try:
+        for listener in _listeners:
+            listener()
+    except Exception:
+        # a value a listener cannot take: the store and the listeners keep the previous state
+        with _lock:
+            _options.clear()
+            _options.update(previous)
+        for listener in _listeners:
+            listener()
+        raise
+
+
+def add_listener(listener: Callable[[], None]) -> None:
+    """Call ``listener()`` after every ``set_options`` (outside the store's lock);
+    an exception it raises undoes the change and reaches the caller."""
+    with _lock:
+        if listener not in _listeners:
+            _listeners.append(listener)
 
 
 def get_option(name: str) -> Optional[bytes]:
