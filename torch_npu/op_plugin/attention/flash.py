@@ -191,6 +191,33 @@ def sdpa_attention(seg, scale, causal, dtype):
     return out, row_max, row_sum
 
 
+# Below this many logits a dropout call runs as one block of differentiable ATen ops
+# (small_dropout_attention): per-op cost dominates there, not memory.
+SMALL_ELEMENTS = 1 << 20
+
+
+def small_dropout_attention(seg, scale, dropout, dtype):
+    """A small call with dropout and no pse / a mask SDPA can express (_sdpa_causal not
+    None): the forward formula of ``forward`` in one block, written with out-of-place ops
+    so that autograd differentiates it (the keep mask is kept by autograd instead of being
+    regenerated). The same ops in the same order as the blocked engine, so the results
+    are the same. -> (out [b, N, S1, Dv], row max, row sum), stats without grad."""
+    b, n, s1, _ = seg.q.shape
+    n_kv, s2, dv = seg.v.shape[1], seg.v.shape[2], seg.v.shape[3]
+    q, k, v = acc(seg.q).to(dtype), acc(seg.k).to(dtype), acc(seg.v).to(dtype)
+    x = torch.matmul(_grouped(q, n_kv), k.transpose(-1, -2)).view(b, n, s1, s2) * scale
+    m = seg.mask.rows(0, s1, x.device)
+    if m is not None:
+        x = x.masked_fill(m, float("-inf"))
+    row_max = x.detach().amax(-1, keepdim=True)  # no row is fully masked on this path
+    e = torch.exp(x - row_max)
+    total = e.sum(-1, keepdim=True)
+    p = e / total
+    p = p.masked_fill(~dropout.keep(seg, 0, s1, p), 0.0) * (1.0 / dropout.keep_prob)
+    out = torch.matmul(_grouped(p, n_kv), v).view(b, n, s1, dv)
+    return out, row_max.squeeze(-1), total.detach().squeeze(-1)
+
+
 def _sdpa_backward(seg, scale, causal, dtype, out, lse, dout):
     q, k, v = _sdpa_inputs(seg, dtype)
     dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(

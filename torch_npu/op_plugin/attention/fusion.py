@@ -99,6 +99,24 @@ def _sdpa_attention(plan, query, key, value, scale):
             plan.merge_stats([row_sum], query))
 
 
+def _small_dropout_attention(plan, query, key, value, scale, keep_prob, seed, offset):
+    """The forward of a small dropout call (attention.flash.small_dropout_attention) under
+    autograd, or None when the call needs the general engine (TND, a mask SDPA cannot
+    express, more than one block of logits)."""
+    if plan.layout == "TND":
+        return None
+    b, n, s1, s2 = plan.b, plan.head_num, plan.s1, plan.s2
+    if b * n * s1 * s2 > flash.SMALL_ELEMENTS or flash._rows_per_block(b, n, s1, s2) < s1:
+        return None
+    seg = plan.segments(query, key, value, None)[0]
+    if flash._sdpa_causal(seg, None) is None:
+        return None
+    dropout = flash.Dropout(keep_prob, seed, offset)
+    out, row_max, row_sum = flash.small_dropout_attention(seg, scale, dropout, acc(query).dtype)
+    return (plan.merge_q([out], query).to(query.dtype), plan.merge_stats([row_max], query),
+            plan.merge_stats([row_sum], query))
+
+
 def _attention(op, query, key, value, head_num, input_layout, pse, atten_mask, scale, keep_prob, pre_tokens,
                next_tokens, prefix, actual_seq_qlen, actual_seq_kvlen, sparse_mode, pse_type):
     _check_keep_prob(op, keep_prob)
@@ -110,6 +128,11 @@ def _attention(op, query, key, value, head_num, input_layout, pse, atten_mask, s
             out, smax, ssum = fast
             return out, smax, ssum, query.new_empty([0]), 0, 0, plan.numels
     seed, offset = draw_seed_offset(query) if keep_prob < 1 else (0, 0)
+    if pse is None and keep_prob < 1:
+        fast = _small_dropout_attention(plan, query, key, value, scale, keep_prob, seed, offset)
+        if fast is not None:
+            out, smax, ssum = fast
+            return out, smax, ssum, query.new_empty([0]), seed, offset, plan.numels
     cfg = _Config(plan, scale, pse_type, keep_prob, seed, offset, acc(query).dtype)
     out, smax, ssum = _FusionAttention.apply(query, key, value, pse, cfg)
     return out, smax, ssum, query.new_empty([0]), seed, offset, plan.numels
