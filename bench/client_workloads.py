@@ -18,7 +18,9 @@ interleaved (cpu npu, npu cpu, ...), medians over reps:
   Flash rows exist for llama, bert and mixtral: transformers refuses flash for t5, and
   its flash path fails on float32 gpt2 (``get_target_dtype`` looks for an nn.Linear;
   GPT-2 uses Conv1D) on any device;
-* ``generate``: 32 greedy new tokens (decoder and encoder-decoder models);
+* ``generate``: 32 greedy new tokens (decoder and encoder-decoder models). transformers
+  decodes MoE experts with ``batched_mm`` on any device but the CPU, which keeps
+  ``grouped_mm``: a second mixtral row runs both devices on ``batched_mm``;
 * a diffusers ``UNet2DConditionModel`` train step and a peft LoRA train step.
 
 The models are built locally from tiny configs (no hub download). Each row's ratio is
@@ -159,8 +161,10 @@ def _lora(device):
     return train_step_fn(model, batch("llama", device), params)
 
 
-def _generate(kind, device):
+def _generate(kind, device, experts=None):
     model = build(kind, "sdpa", device).eval()
+    if experts is not None:
+        model.set_experts_implementation(experts)
     ids = batch(kind, device)["input_ids"][:, :8]
 
     def gen():
@@ -195,6 +199,13 @@ def rows_for(selected):
         if kind != "bert":
             rows.append((f"{kind} generate {GEN_TOKENS} tokens",
                          {d: (lambda d=d, k=kind: _generate(k, d)) for d in ("cpu", "npu")}))
+        if kind == "mixtral":
+            # transformers decodes MoE experts with "batched_mm" on every device but the CPU
+            # (generation/utils.py _optimize_model_for_decode), which copies the selected experts'
+            # weights; the CPU keeps "grouped_mm". The emulation's share: both on batched_mm.
+            rows.append((f"{kind} generate {GEN_TOKENS} tokens npu vs the same path (batched_mm experts) "
+                         f"on CPU tensors",
+                         {d: (lambda d=d, k=kind: _generate(k, d, "batched_mm")) for d in ("cpu", "npu")}))
     if "unet" in selected:
         rows.append(("diffusers UNet2DConditionModel train", {d: (lambda d=d: _unet(d)) for d in ("cpu", "npu")}))
     if "lora" in selected:
