@@ -112,3 +112,36 @@ def test_bottom_right_causal_with_unequal_lengths_stays_on_the_composition():
     with ops:
         torch_npu.npu_fusion_attention(q, kv, kv, 2, "BNSD", atten_mask=TEMPLATE.npu(), sparse_mode=3)
     assert FLASH not in ops.names
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_small_dropout_call_is_one_autograd_block_equal_to_the_blocked_engine(monkeypatch, causal):
+    # A small call with dropout runs as plain differentiable ATen ops (no autograd.Function);
+    # its forward is the blocked engine's formula with the same keep mask, so the results are
+    # the same bits, and the gradients agree with the engine's backward.
+    from torch_npu.op_plugin.attention import flash as attention_flash
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(2, 8, 4, 16, generator=g).npu().requires_grad_() for _ in range(3))
+    kw = dict(scale=0.3, keep_prob=0.8)
+    if causal:
+        kw.update(atten_mask=TEMPLATE.npu(), sparse_mode=2)
+
+    def run():
+        torch.npu.manual_seed(9)
+        res = torch_npu.npu_fusion_attention(q, k, v, 4, "BSND", **kw)
+        res[0].backward(torch.ones_like(res[0]))
+        grads = [t.grad.clone() for t in (q, k, v)]
+        for t in (q, k, v):
+            t.grad = None
+        return res, grads
+
+    (out, smax, ssum, _, seed, offset, _), grads = run()
+    assert out.grad_fn is not None and "FusionAttention" not in type(out.grad_fn).__name__
+    monkeypatch.setattr(attention_flash, "SMALL_ELEMENTS", 0)  # the blocked engine
+    (ref, rmax, rsum, _, rseed, roffset, _), rgrads = run()
+    assert "FusionAttention" in type(ref.grad_fn).__name__
+    assert (seed, offset) == (rseed, roffset)
+    for got, want in ((out, ref), (smax, rmax), (ssum, rsum)):
+        assert torch.equal(got.cpu(), want.cpu())
+    for got, want in zip(grads, rgrads):
+        torch.testing.assert_close(got.cpu(), want.cpu(), rtol=1e-5, atol=1e-6)

@@ -170,25 +170,24 @@ def _row_max(q, k, scale, causal):
     return m.mul_(scale) if scale > 0 else m
 
 
-def _sdpa_forward(seg, scale, causal, dtype):
-    q, k, v = _sdpa_inputs(seg, dtype)
-    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, scale=scale)
-    row_max = _row_max(q, k, scale, causal)
-    # sum_j exp(x_j - max) = exp(lse - max): no row is fully masked on this path
-    return out, row_max, torch.exp(lse - row_max), lse.unsqueeze(-1)
-
-
 def sdpa_attention(seg, scale, causal, dtype):
-    """``seg`` through ATen's CPU flash kernel with autograd: (out [b, N, S1, Dv], row max, row
-    sum of exp(x - max)), gradients flowing to seg.q/k/v through the kernel's own derivative
-    (and through the GQA repeat, which sums a key/value head's gradient over its query heads).
-    For the calls _sdpa_causal accepts."""
+    """``seg`` through ATen's CPU flash kernel: (out [b, N, S1, Dv], row max, row sum of
+    exp(x - max), lse [b, N, S1]). Under autograd, gradients flow to seg.q/k/v through the
+    kernel's own derivative (and through the GQA repeat, which sums a key/value head's
+    gradient over its query heads); the statistics carry none. For the calls _sdpa_causal
+    accepts."""
     q, k, v = _sdpa_inputs(seg, dtype)
     out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, scale=scale)
     with torch.no_grad():
         row_max = _row_max(q.detach(), k.detach(), scale, causal)
+        # sum_j exp(x_j - max) = exp(lse - max): no row is fully masked on this path
         row_sum = torch.exp(lse - row_max)
-    return out, row_max, row_sum
+    return out, row_max, row_sum, lse
+
+
+def _sdpa_forward(seg, scale, causal, dtype):
+    out, row_max, row_sum, lse = sdpa_attention(seg, scale, causal, dtype)
+    return out, row_max, row_sum, lse.unsqueeze(-1)
 
 
 # Below this many logits a dropout call runs as one block of differentiable ATen ops

@@ -83,36 +83,28 @@ class _FusionAttention(torch.autograd.Function):
         return dq, dk, dv, dpse, None
 
 
-def _sdpa_attention(plan, query, key, value, scale):
-    """The forward of a call ATen's CPU flash kernel computes exactly (attention.flash._sdpa_causal):
-    that kernel, differentiated by autograd through its own ATen derivative, with the row
-    statistics beside it; None when the call needs the general engine. Per call this is a few
-    ATen ops and no autograd.Function, so the fused op costs what SDPA costs."""
+def _one_block_attention(plan, query, key, value, scale, dropout):
+    """The forward of a call that needs neither the autograd.Function nor the segment engine,
+    differentiated by autograd through plain ATen ops, or None when it needs them (TND, pse
+    (checked by the caller), a mask SDPA cannot express, dropout over more than one small
+    block). Without dropout: ATen's CPU flash kernel (attention.flash.sdpa_attention); with
+    it: the engine's formula in one block (attention.flash.small_dropout_attention). Per call
+    this is a few ATen ops, so the fused op costs about what SDPA costs."""
     if plan.layout == "TND":
         return None
+    if dropout is not None:
+        b, n, s1, s2 = plan.b, plan.head_num, plan.s1, plan.s2
+        if b * n * s1 * s2 > flash.SMALL_ELEMENTS or flash._rows_per_block(b, n, s1, s2) < s1:
+            return None
     seg = plan.segments(query, key, value, None)[0]
     causal = flash._sdpa_causal(seg, None)
     if causal is None:
         return None
-    out, row_max, row_sum = flash.sdpa_attention(seg, scale, causal, acc(query).dtype)
-    return (plan.merge_q([out], query).to(query.dtype), plan.merge_stats([row_max], query),
-            plan.merge_stats([row_sum], query))
-
-
-def _small_dropout_attention(plan, query, key, value, scale, keep_prob, seed, offset):
-    """The forward of a small dropout call (attention.flash.small_dropout_attention) under
-    autograd, or None when the call needs the general engine (TND, a mask SDPA cannot
-    express, more than one block of logits)."""
-    if plan.layout == "TND":
-        return None
-    b, n, s1, s2 = plan.b, plan.head_num, plan.s1, plan.s2
-    if b * n * s1 * s2 > flash.SMALL_ELEMENTS or flash._rows_per_block(b, n, s1, s2) < s1:
-        return None
-    seg = plan.segments(query, key, value, None)[0]
-    if flash._sdpa_causal(seg, None) is None:
-        return None
-    dropout = flash.Dropout(keep_prob, seed, offset)
-    out, row_max, row_sum = flash.small_dropout_attention(seg, scale, dropout, acc(query).dtype)
+    dtype = acc(query).dtype
+    if dropout is None:
+        out, row_max, row_sum, _ = flash.sdpa_attention(seg, scale, causal, dtype)
+    else:
+        out, row_max, row_sum = flash.small_dropout_attention(seg, scale, dropout, dtype)
     return (plan.merge_q([out], query).to(query.dtype), plan.merge_stats([row_max], query),
             plan.merge_stats([row_sum], query))
 
@@ -122,18 +114,13 @@ def _attention(op, query, key, value, head_num, input_layout, pse, atten_mask, s
     _check_keep_prob(op, keep_prob)
     plan = Plan(op, query, key, value, head_num, input_layout, pse, atten_mask, pre_tokens, next_tokens, prefix,
                 actual_seq_qlen, actual_seq_kvlen, sparse_mode)
-    if pse is None and keep_prob == 1:
-        fast = _sdpa_attention(plan, query, key, value, scale)
-        if fast is not None:
-            out, smax, ssum = fast
-            return out, smax, ssum, query.new_empty([0]), 0, 0, plan.numels
     seed, offset = draw_seed_offset(query) if keep_prob < 1 else (0, 0)
-    if pse is None and keep_prob < 1:
-        fast = _small_dropout_attention(plan, query, key, value, scale, keep_prob, seed, offset)
+    cfg = _Config(plan, scale, pse_type, keep_prob, seed, offset, acc(query).dtype)
+    if pse is None:
+        fast = _one_block_attention(plan, query, key, value, scale, cfg.dropout)
         if fast is not None:
             out, smax, ssum = fast
             return out, smax, ssum, query.new_empty([0]), seed, offset, plan.numels
-    cfg = _Config(plan, scale, pse_type, keep_prob, seed, offset, acc(query).dtype)
     out, smax, ssum = _FusionAttention.apply(query, key, value, pse, cfg)
     return out, smax, ssum, query.new_empty([0]), seed, offset, plan.numels
 
