@@ -99,19 +99,23 @@ at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool /*non_blocking*/
   if (self.is_same(src)) return self;
   // The emulated device executes synchronously, so non_blocking copies are
   // complete on return, exactly like a blocking copy.
-  at::Tensor dst = is_npu(self) ? cpu_alias(self) : self;
-  at::Tensor from;
+  // A CPU side is borrowed, not copied: a copy of a tensor Python owns
+  // increfs its PyObject under the GIL (see aten/UnboxedKernels.cpp).
+  auto dst = is_npu(self) ? c10::MaybeOwned<at::Tensor>::owned(cpu_alias(self))
+                          : c10::MaybeOwned<at::Tensor>::borrowed(self);
+  c10::MaybeOwned<at::Tensor> from;
   if (is_npu(src) && is_npu(self) && src.storage().is_alias_of(self.storage())) {
     // Same memory: share the alias storage so the CPU overlap check applies.
-    from = cpu_alias(src, dst.storage());
+    from = c10::MaybeOwned<at::Tensor>::owned(cpu_alias(src, dst->storage()));
   } else {
-    from = is_npu(src) ? cpu_alias(src) : src;
+    from = is_npu(src) ? c10::MaybeOwned<at::Tensor>::owned(cpu_alias(src))
+                       : c10::MaybeOwned<at::Tensor>::borrowed(src);
   }
-  TORCH_CHECK(dst.is_cpu() && from.is_cpu(), "copy_ between ", self.device(), " and ", src.device(),
+  TORCH_CHECK(dst->is_cpu() && from->is_cpu(), "copy_ between ", self.device(), " and ", src.device(),
               " is not supported on the NPU backend.", OPS_ERROR(ErrCode::NOT_SUPPORT));
   int d = is_npu(self) ? self.device().index() : src.device().index();
   NPU_KERNEL_SCOPE("aten::copy_", "", d);
-  dst.copy_(from);
+  dst->copy_(*from);
   return self;
 }
 

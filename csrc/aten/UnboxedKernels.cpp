@@ -32,7 +32,11 @@ namespace {
 // kernel sees what aliases what (overlap checks), as on the boxed path.
 struct Call {
   int device = -1;
-  c10::SmallVector<std::pair<at::Tensor, at::Tensor>, 4> aliases;  // (npu tensor, its CPU alias)
+  // (npu tensor, its CPU alias). The npu tensor is held by address, not
+  // copied: a copy of a tensor Python owns increfs (and later decrefs) its
+  // PyObject, each time taking the GIL the binding released. The arguments
+  // outlive the call.
+  c10::SmallVector<std::pair<const at::Tensor*, at::Tensor>, 4> aliases;
   c10::SmallVector<std::pair<c10::StorageImpl*, c10::Storage>, 4> storages;
 
   bool accepts(const at::Tensor& t, bool written) {
@@ -53,7 +57,7 @@ struct Call {
     if (!t.defined() || t.device().type() != c10::DeviceType::PrivateUse1) return t;
     const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
     for (auto& a : aliases) {
-      if (a.first.unsafeGetTensorImpl() == impl) return a.second;
+      if (a.first->unsafeGetTensorImpl() == impl) return a.second;
     }
     c10::StorageImpl* npu = impl->unsafe_storage().unsafeGetStorageImpl();
     c10::Storage shared;
@@ -65,7 +69,7 @@ struct Call {
       storages.emplace_back(npu, shared);
     }
     at::Tensor a = cpu_alias(t, std::move(shared));
-    aliases.emplace_back(t, a);
+    aliases.emplace_back(&t, a);
     return a;
   }
 
@@ -76,12 +80,12 @@ struct Call {
     if (!r.defined() || !r.is_cpu()) return r;
     const c10::TensorImpl* ri = r.unsafeGetTensorImpl();
     for (auto& a : aliases) {
-      if (a.second.unsafeGetTensorImpl() == ri) return a.first;
+      if (a.second.unsafeGetTensorImpl() == ri) return *a.first;
     }
     const c10::StorageImpl* s = ri->unsafe_storage().unsafeGetStorageImpl();
     for (auto& a : aliases) {
       if (a.second.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl() == s) {
-        return npu_tensor_like(a.first.storage(), r);
+        return npu_tensor_like(a.first->storage(), r);
       }
     }
     return adopt_result(r, device);
