@@ -18,6 +18,7 @@ import torch_npu
 FLASH = "aten._scaled_dot_product_flash_attention_for_cpu.default"
 FLASH_BWD = "aten._scaled_dot_product_flash_attention_for_cpu_backward.default"
 TEMPLATE = torch.triu(torch.ones(2048, 2048, dtype=torch.bool), diagonal=1)
+BIG = 2147483647  # pre/next_tockens default
 
 
 class _Ops(TorchDispatchMode):
@@ -145,3 +146,60 @@ def test_small_dropout_call_is_one_autograd_block_equal_to_the_blocked_engine(mo
         assert torch.equal(got.cpu(), want.cpu())
     for got, want in zip(grads, rgrads):
         torch.testing.assert_close(got.cpu(), want.cpu(), rtol=1e-5, atol=1e-6)
+
+
+def _layout_tensor(layout, b, s, n, d, dtype, gen):
+    shape = {"BSND": (b, s, n, d), "BNSD": (b, n, s, d), "BSH": (b, s, n * d), "SBH": (s, b, n * d)}[layout]
+    return torch.randn(*shape, generator=gen).to(dtype).npu().requires_grad_()
+
+
+@pytest.mark.parametrize("layout,n_kv", [("BSH", 4), ("SBH", 4), ("BSND", 4), ("BNSD", 4), ("BSND", 2), ("BNSD", 1)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cpp_fast_path_is_bitwise_the_python_fast_path(monkeypatch, layout, n_kv, dtype):
+    # The common case runs in C++ (aten/FusionAttentionSdpa.cpp) with the Python fast
+    # path's ops, order and row blocks (S = 300: three causal row blocks), so every result
+    # and gradient is the same bits as the Python path, which stays the reference here.
+    from torch_npu.op_plugin.attention import fusion
+    engine = fusion._attention
+    calls = []
+    monkeypatch.setattr(fusion, "_attention", lambda *a: calls.append(a) or engine(*a))
+    gen = torch.Generator().manual_seed(1)
+    for s, mask, sparse_mode, scale in ((9, None, 0, 0.3), (300, None, 0, -0.2), (9, "causal", 2, 0.3),
+                                        (300, "causal", 3, 0.125)):
+        q = _layout_tensor(layout, 2, s, 4, 8, dtype, gen)
+        k, v = (_layout_tensor(layout, 2, s, n_kv, 8, dtype, gen) for _ in range(2))
+        kw = dict(scale=scale, sparse_mode=sparse_mode, atten_mask=None if mask is None else TEMPLATE.npu())
+        got = torch_npu.npu_fusion_attention(q, k, v, 4, layout, **kw)
+        assert calls == []  # taken by C++
+        dy = torch.randn(got[0].shape, generator=gen).to(dtype).npu()
+        got_grads = torch.autograd.grad(got[0], (q, k, v), dy)
+        want = engine("npu_fusion_attention", q, k, v, 4, layout, None, kw["atten_mask"], scale, 1.0, BIG, BIG,
+                      None, None, None, sparse_mode, 1)
+        want_grads = torch.autograd.grad(want[0], (q, k, v), dy)
+        assert got[4:] == want[4:] == (0, 0, 2 * 4 * s * s)
+        for a, b in zip(got[:4] + got_grads, want[:4] + want_grads):
+            assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.cpu(), b.cpu())
+
+
+
+@pytest.mark.parametrize("scale", [-0.5, 0.0])
+def test_causal_with_a_nonpositive_scale_is_right(scale):
+    # ATen's CPU flash kernel returns NaN for a causal call with scale <= 0 (its masked
+    # logits become -inf * scale), so such calls must take the blocked composition.
+    torch.manual_seed(0)
+    q64, k64, v64 = (torch.randn(2, 4, 7, 8, dtype=torch.float64).requires_grad_() for _ in range(3))
+    qs, ks, vs = (t.detach().float().npu().requires_grad_() for t in (q64, k64, v64))
+    ops = _Ops()
+    with ops:
+        out, smax, ssum = torch_npu.npu_fusion_attention(qs, ks, vs, 4, "BNSD", scale=scale,
+                                                         atten_mask=TEMPLATE.npu(), sparse_mode=2)[:3]
+        out.sum().backward()
+    assert FLASH not in ops.names
+    ref_out, ref_max, ref_sum = _reference(q64, k64, v64, scale, True)
+    ref_out.sum().backward()
+    assert not out.isnan().any()
+    torch.testing.assert_close(out.cpu().double(), ref_out.detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(smax[..., 0].cpu().double(), ref_max.detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ssum[..., 0].cpu().double(), ref_sum.detach(), rtol=1e-4, atol=1e-4)
+    for got, ref in ((qs, q64), (ks, k64), (vs, v64)):
+        torch.testing.assert_close(got.grad.cpu().double(), ref.grad, rtol=1e-4, atol=1e-4)

@@ -16,6 +16,7 @@
 #include "aten/ChipNumericsKernels.h"
 #include "aten/CubeInputRounding.h"
 #include "aten/EmulatedCpuFallback.h"
+#include "aten/FusionAttentionSdpa.h"
 #include "aten/OpExecution.h"
 #include "core/EmuLog.h"
 #include "core/NPUCachingAllocator.h"
@@ -409,6 +410,22 @@ PYBIND11_MODULE(_C, m) {
     }
     return out;
   });
+
+  // npu_fusion_attention's common case (op_plugin/attention/fusion.py): None
+  // when the call needs the Python engine
+  m.def("_npu_fusion_attention_sdpa",
+        [](const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, int64_t head_num,
+           const std::string& input_layout, const std::optional<at::Tensor>& atten_mask, double scale,
+           int64_t sparse_mode) -> py::object {
+          std::optional<torch_npu::kernels::FusionAttentionResult> r;
+          {
+            py::gil_scoped_release no_gil;
+            r = torch_npu::kernels::fusion_attention_sdpa(query, key, value, head_num, input_layout, atten_mask,
+                                                          scale, sparse_mode);
+          }
+          if (!r) return py::none();
+          return py::cast(*r);
+        });
 
   // zero-copy bridges for code that runs CPU kernels on npu memory
   // (graph mode runs Inductor's CPU code this way)

@@ -109,10 +109,11 @@ def _logits(seg, i0, i1, scale, pse_type, dtype):
     return x
 
 
-def _sdpa_causal(seg, dropout):
+def _sdpa_causal(seg, dropout, scale):
     """Whether ATen's CPU flash-attention kernel computes ``seg`` exactly as the formula
     above: None when it cannot (pse, dropout, empty sides, a mask other than none or
-    top-left causal, Dv != D), else its ``is_causal`` flag. No row is fully masked then."""
+    top-left causal, Dv != D, causal with scale <= 0: that kernel's causal path returns
+    NaN then), else its ``is_causal`` flag. No row is fully masked then."""
     if seg.pse is not None or dropout is not None:
         return None
     s1, s2 = seg.q.shape[2], seg.k.shape[2]
@@ -124,7 +125,7 @@ def _sdpa_causal(seg, dropout):
     if mask.user is None:
         return False  # no atten_mask: full computation whatever sparse_mode says
     if mask.mode == 2 or (mask.mode == 3 and s1 == s2):
-        return True   # j > i masked: SDPA's is_causal (top-left aligned)
+        return True if scale > 0 else None  # j > i masked: SDPA's is_causal (top-left aligned)
     return None
 
 
@@ -136,20 +137,18 @@ def _in(t, dtype):
 
 
 def _sdpa_inputs(seg, dtype):
-    """q, k, v in ``dtype`` with the key/value heads repeated to the query's (GQA)."""
-    q, k, v = _in(seg.q, dtype), _in(seg.k, dtype), _in(seg.v, dtype)
-    g = q.shape[1] // k.shape[1]
-    if g != 1:
-        k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
-    return q, k, v
+    """q, k, v in ``dtype``. Key/value keep their own head count: the CPU flash kernel
+    takes grouped-query attention as is (each query head reads key/value head
+    ``h // (N // N_kv)``) and sums a key/value head's gradient over its query heads."""
+    return _in(seg.q, dtype), _in(seg.k, dtype), _in(seg.v, dtype)
 
 
 def _row_max(q, k, scale, causal):
     """softmax_max: the row max of the scaled logits (j > i masked when ``causal``), block by
-    block. For scale > 0, max(scale * x) is scale * max(x) exactly (rounding is monotone),
-    which saves a pass over the logits."""
+    block; k may have fewer heads than q (GQA). For scale > 0, max(scale * x) is
+    scale * max(x) exactly (rounding is monotone), which saves a pass over the logits."""
     b, n, s1, _ = q.shape
-    s2 = k.shape[2]
+    n_kv, s2 = k.shape[1], k.shape[2]
     kt = k.transpose(-1, -2)
     rows = _rows_per_block(b, n, s1, s2)
     if causal:  # row block [i0, i1) sees keys [0, i1) only: eighths skip about half the products
@@ -158,7 +157,7 @@ def _row_max(q, k, scale, causal):
     for i0 in range(0, s1, rows):
         i1 = min(s1, i0 + rows)
         cols = min(s2, i1) if causal else s2
-        x = torch.matmul(q[:, :, i0:i1], kt[..., :cols])
+        x = torch.matmul(_grouped(q[:, :, i0:i1], n_kv), kt[..., :cols]).view(b, n, i1 - i0, cols)
         if scale <= 0:
             x.mul_(scale)
         if causal:
@@ -173,8 +172,8 @@ def _row_max(q, k, scale, causal):
 def sdpa_attention(seg, scale, causal, dtype):
     """``seg`` through ATen's CPU flash kernel: (out [b, N, S1, Dv], row max, row sum of
     exp(x - max), lse [b, N, S1]). Under autograd, gradients flow to seg.q/k/v through the
-    kernel's own derivative (and through the GQA repeat, which sums a key/value head's
-    gradient over its query heads); the statistics carry none. For the calls _sdpa_causal
+    kernel's own derivative (which, for GQA, sums a key/value head's gradient over its
+    query heads); the statistics carry none. For the calls _sdpa_causal
     accepts."""
     q, k, v = _sdpa_inputs(seg, dtype)
     out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, scale=scale)
@@ -221,11 +220,6 @@ def _sdpa_backward(seg, scale, causal, dtype, out, lse, dout):
     q, k, v = _sdpa_inputs(seg, dtype)
     dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
         dout, q, k, v, out, lse.squeeze(-1), 0.0, causal, scale=scale)
-    b, n_kv, s2 = seg.k.shape[0], seg.k.shape[1], seg.k.shape[2]
-    g = q.shape[1] // n_kv
-    if g != 1:  # a key/value head's gradient sums over the query heads that share it
-        dk = dk.view(b, n_kv, g, s2, dk.shape[-1]).sum(2)
-        dv = dv.view(b, n_kv, g, s2, dv.shape[-1]).sum(2)
     return dq, dk, dv, None
 
 
@@ -234,7 +228,7 @@ def forward(seg, scale, pse_type, dropout, dtype):
     lse [b, N, S1, 1]) in ``dtype``; fully masked rows: out 0, max -inf, sum 0, lse +inf.
     What ATen's CPU flash kernel can express (no pse, no dropout, no mask or top-left
     causal) runs there; the rest on the blocked composition below."""
-    causal = _sdpa_causal(seg, dropout)
+    causal = _sdpa_causal(seg, dropout, scale)
     if causal is not None:
         return _sdpa_forward(seg, scale, causal, dtype)
     b, n, s1, _ = seg.q.shape
@@ -269,7 +263,7 @@ def forward(seg, scale, pse_type, dropout, dtype):
 def backward(seg, scale, pse_type, dropout, dtype, out, lse, dout, want_dpse):
     """Gradients of one segment for upstream ``dout`` [b, N, S1, Dv]: (dq [b, N, S1, D],
     dk, dv [b, N_kv, S2, D], dpse shaped like seg.pse or None) in ``dtype``."""
-    causal = _sdpa_causal(seg, dropout)
+    causal = _sdpa_causal(seg, dropout, scale)
     if causal is not None:
         return _sdpa_backward(seg, scale, causal, dtype, out, lse, dout)
     b, n, s1, d = seg.q.shape

@@ -13,6 +13,8 @@ log-sum-exp, the dropout mask regenerated from seed/offset).
 import torch
 from torch.autograd.function import once_differentiable
 
+import torch_npu
+
 from torch_npu.op_plugin._common import acc, check, reject_given, unsupported
 from torch_npu.op_plugin._registry import impl
 from torch_npu.op_plugin.attention import flash as flash
@@ -97,7 +99,7 @@ def _one_block_attention(plan, query, key, value, scale, dropout):
         if b * n * s1 * s2 > flash.SMALL_ELEMENTS or flash._rows_per_block(b, n, s1, s2) < s1:
             return None
     seg = plan.segments(query, key, value, None)[0]
-    causal = flash._sdpa_causal(seg, None)
+    causal = flash._sdpa_causal(seg, None, scale)
     if causal is None:
         return None
     dtype = acc(query).dtype
@@ -162,9 +164,26 @@ def npu_fusion_attention(query, key, value, head_num, input_layout, pse=None, pa
     dropout_mask, the compressed alibi pse and pse with TND. The ``seed``/``offset`` inputs
     are not read (the pair comes from the generator)."""
     op = "npu_fusion_attention"
+    if (pse is None and keep_prob == 1.0 and prefix is None and actual_seq_qlen is None
+            and actual_seq_kvlen is None and padding_mask is None and sink is None and dropout_mask is None
+            and _plain(query, key, value, atten_mask)):
+        # the common case (no pse, no dropout, no mask or a causal one) in C++: the same ATen
+        # ops as the Python fast path below, without their per-op Python cost; None when the
+        # call needs the engine (which also raises the argument errors)
+        fast = torch_npu._C._npu_fusion_attention_sdpa(query, key, value, head_num, input_layout, atten_mask,
+                                                       scale, sparse_mode)
+        if fast is not None:
+            out, smax, ssum, softmax_out, numels = fast
+            return out, smax, ssum, softmax_out, 0, 0, numels
     reject_given(op, padding_mask=padding_mask, sink=sink, dropout_mask=dropout_mask)
     return _attention(op, query, key, value, head_num, input_layout, pse, atten_mask, scale, keep_prob,
                       pre_tockens, next_tockens, prefix, actual_seq_qlen, actual_seq_kvlen, sparse_mode, 1)
+
+
+def _plain(*tensors):
+    """Plain eager tensors (or None): no FakeTensor / FunctionalTensor of a compile trace,
+    whose symbolic sizes the C++ path cannot read."""
+    return all(t is None or type(t) is torch.Tensor for t in tensors)
 
 
 @impl("npu_fusion_attention_grad")

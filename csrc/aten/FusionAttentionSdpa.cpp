@@ -1,0 +1,166 @@
+// npu_fusion_attention's common case (no pse, no dropout, no mask or a
+// top-left causal one) in C++: the same ATen ops, in the same order and
+// blocks, as op_plugin/attention/flash.py's sdpa_attention and layout.py's
+// Plan, so the results are bitwise those of the Python engine, without its
+// per-op Python cost. The forward is differentiated by autograd through the
+// CPU flash kernel's own derivative, as in the Python fast path.
+#include "aten/FusionAttentionSdpa.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+#include <c10/util/irange.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+namespace torch_npu::kernels {
+namespace {
+
+// flash.py: CHUNK_ELEMENTS, dropout_mask.BLOCK_ROWS, _CAUSAL_ROWS.
+constexpr int64_t kChunkElements = int64_t(1) << 24;
+constexpr int64_t kBlockRows = 16;
+constexpr int64_t kCausalRows = 128;
+
+enum class Layout { BSH, SBH, BSND, BNSD };
+
+std::optional<Layout> parse_layout(std::string s) {
+  for (auto& c : s) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  if (s == "BSH") return Layout::BSH;
+  if (s == "SBH") return Layout::SBH;
+  if (s == "BSND") return Layout::BSND;
+  if (s == "BNSD") return Layout::BNSD;
+  return std::nullopt;
+}
+
+// flash.to_bnsd, for shapes already checked.
+at::Tensor to_bnsd(const at::Tensor& x, Layout layout, int64_t head_dim) {
+  switch (layout) {
+    case Layout::BSH:
+      return x.view({x.size(0), x.size(1), x.size(2) / head_dim, head_dim}).transpose(1, 2);
+    case Layout::SBH:
+      return x.view({x.size(0), x.size(1), x.size(2) / head_dim, head_dim}).permute({1, 2, 0, 3});
+    case Layout::BSND:
+      return x.transpose(1, 2);
+    case Layout::BNSD:
+      return x;
+  }
+  return x;
+}
+
+// flash.from_bnsd
+at::Tensor from_bnsd(const at::Tensor& x, Layout layout) {
+  const int64_t b = x.size(0), n = x.size(1), s = x.size(2), d = x.size(3);
+  switch (layout) {
+    case Layout::BSH:
+      return x.transpose(1, 2).reshape({b, s, n * d});
+    case Layout::SBH:
+      return x.permute({2, 0, 1, 3}).reshape({s, b, n * d});
+    case Layout::BSND:
+      return x.transpose(1, 2).contiguous();
+    case Layout::BNSD:
+      return x.contiguous();
+  }
+  return x;
+}
+
+// flash._rows_per_block
+int64_t rows_per_block(int64_t b, int64_t n, int64_t s1, int64_t s2) {
+  const int64_t rows = kChunkElements / std::max<int64_t>(1, b * n * s2);
+  return std::min(std::max(kBlockRows, rows / kBlockRows * kBlockRows), std::max<int64_t>(s1, 1));
+}
+
+// flash._row_max (no grad): the row max of the scaled logits, j > i masked
+// when causal; k may have fewer heads than q.
+at::Tensor row_max(const at::Tensor& q, const at::Tensor& k, double scale, bool causal) {
+  const int64_t b = q.size(0), n = q.size(1), s1 = q.size(2), d = q.size(3);
+  const int64_t n_kv = k.size(1), s2 = k.size(2);
+  const at::Tensor kt = k.transpose(-1, -2);
+  int64_t rows = rows_per_block(b, n, s1, s2);
+  if (causal) rows = std::min(rows, std::max(kCausalRows, (s1 + 7) / 8));
+  std::vector<at::Tensor> parts;
+  for (int64_t i0 = 0; i0 < s1; i0 += rows) {
+    const int64_t i1 = std::min(s1, i0 + rows);
+    const int64_t cols = causal ? std::min(s2, i1) : s2;
+    const at::Tensor qb = q.slice(2, i0, i1).reshape({b, n_kv, (n / n_kv) * (i1 - i0), d});
+    at::Tensor x = at::matmul(qb, kt.slice(-1, 0, cols)).view({b, n, i1 - i0, cols});
+    if (scale <= 0) x.mul_(scale);
+    if (causal) {
+      x.add_(at::full({i1 - i0, cols}, -INFINITY, x.options()).triu_(i0 + 1));
+    }
+    parts.push_back(x.amax(-1));
+  }
+  at::Tensor m = parts.size() == 1 ? parts[0] : at::cat(parts, 2);
+  return scale > 0 ? m.mul_(scale) : m;
+}
+
+// Plan.merge_stats for the fixed layouts: [B, N, S1] -> [B, N, S1, 8].
+at::Tensor merge_stats(const at::Tensor& st, at::ScalarType dtype) {
+  std::vector<int64_t> shape(st.sizes().begin(), st.sizes().end());
+  shape.push_back(8);
+  return st.to(dtype).unsqueeze(-1).expand(shape).contiguous();
+}
+
+}  // namespace
+
+std::optional<FusionAttentionResult> fusion_attention_sdpa(const at::Tensor& query, const at::Tensor& key,
+                                                           const at::Tensor& value, int64_t head_num,
+                                                           const std::string& input_layout,
+                                                           const std::optional<at::Tensor>& atten_mask,
+                                                           double scale, int64_t sparse_mode) {
+  const auto layout = parse_layout(input_layout);
+  if (!layout || head_num <= 0 || sparse_mode < 0 || sparse_mode > 6) return std::nullopt;
+  if (!query.defined() || !key.defined() || !value.defined()) return std::nullopt;
+  const auto dtype = query.scalar_type();
+  if (key.scalar_type() != dtype || value.scalar_type() != dtype) return std::nullopt;
+  if (dtype != at::kFloat && dtype != at::kHalf && dtype != at::kBFloat16) return std::nullopt;
+  if (query.device() != key.device() || query.device() != value.device()) return std::nullopt;
+  if (key.sizes() != value.sizes()) return std::nullopt;
+  const bool three_d = *layout == Layout::BSH || *layout == Layout::SBH;
+  const int64_t dims = three_d ? 3 : 4;
+  if (query.dim() != dims || key.dim() != dims) return std::nullopt;
+  int64_t head_dim = 0;
+  if (three_d) {
+    if (query.size(2) % head_num != 0) return std::nullopt;
+    head_dim = query.size(2) / head_num;
+    if (head_dim == 0 || key.size(2) % head_dim != 0) return std::nullopt;
+  } else {
+    head_dim = query.size(3);
+    if (key.size(3) != head_dim) return std::nullopt;
+  }
+  const at::Tensor q = to_bnsd(query, *layout, head_dim);
+  const at::Tensor k = to_bnsd(key, *layout, head_dim);
+  const at::Tensor v = to_bnsd(value, *layout, head_dim);
+  const int64_t b = q.size(0), n = q.size(1), s1 = q.size(2);
+  const int64_t n_kv = k.size(1), s2 = k.size(2);
+  if (n != head_num || k.size(0) != b || n_kv <= 0 || n % n_kv != 0) return std::nullopt;
+  if (s1 == 0 || s2 == 0 || v.size(3) != q.size(3)) return std::nullopt;
+  bool causal = false;
+  if (atten_mask.has_value() && atten_mask->defined()) {
+    const int64_t md = atten_mask->dim();
+    if (md != 2 && md != 4) return std::nullopt;
+    // (the CPU flash kernel's causal path returns NaN for scale <= 0)
+    if ((sparse_mode == 2 || (sparse_mode == 3 && s1 == s2)) && scale > 0) {
+      causal = true;
+    } else {
+      return std::nullopt;  // a mask SDPA cannot express: the Python engine
+    }
+  }
+
+  const auto in = [](const at::Tensor& t) { return t.scalar_type() == at::kFloat ? t : t.to(at::kFloat); };
+  const at::Tensor qc = in(q), kc = in(k), vc = in(v);
+  auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(qc, kc, vc, 0.0, causal, std::nullopt, scale);
+  at::Tensor smax, ssum;
+  {
+    at::NoGradGuard no_grad;
+    const at::Tensor m = row_max(qc, kc, scale, causal);
+    // sum_j exp(x_j - max) = exp(lse - max): no row is fully masked on this path
+    const at::Tensor s = at::exp(lse - m);
+    smax = merge_stats(m, at::kFloat);
+    ssum = merge_stats(s, at::kFloat);
+  }
+  at::Tensor result = from_bnsd(out, *layout).to(dtype);
+  return FusionAttentionResult{result, smax, ssum, query.new_empty({0}), b * n * s1 * s2};
+}
+
+}  // namespace torch_npu::kernels

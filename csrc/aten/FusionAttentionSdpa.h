@@ -1,0 +1,27 @@
+// npu_fusion_attention's common case in C++ (op_plugin/attention/fusion.py
+// calls it first): the calls ATen's CPU flash kernel computes exactly.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+#include <string>
+#include <tuple>
+
+namespace torch_npu::kernels {
+
+// (attention_out, softmax_max, softmax_sum, softmax_out (empty), numels), or
+// nullopt when the call is not one this path takes (then the Python engine
+// runs it, and raises its errors): float32/float16/bfloat16 inputs of one
+// dtype, layout BSH/SBH/BSND/BNSD with consistent shapes, no atten_mask
+// (full attention) or sparse_mode 2 / 3 with S1 == S2 and scale > 0 (top-left causal),
+// non-empty sequences, Dv == D. The caller has already ruled out pse,
+// dropout, prefix, varlen lengths, padding_mask, sink and dropout_mask.
+using FusionAttentionResult = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t>;
+std::optional<FusionAttentionResult> fusion_attention_sdpa(const at::Tensor& query, const at::Tensor& key,
+                                                           const at::Tensor& value, int64_t head_num,
+                                                           const std::string& input_layout,
+                                                           const std::optional<at::Tensor>& atten_mask,
+                                                           double scale, int64_t sparse_mode);
+
+}  // namespace torch_npu::kernels
