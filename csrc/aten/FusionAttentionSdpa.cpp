@@ -8,6 +8,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <c10/util/irange.h>
 
 #include <algorithm>
@@ -17,8 +18,8 @@
 namespace torch_npu::kernels {
 namespace {
 
-// flash.py: CHUNK_ELEMENTS, dropout_mask.BLOCK_ROWS, _CAUSAL_ROWS.
-constexpr int64_t kChunkElements = int64_t(1) << 24;
+// dropout_mask.BLOCK_ROWS, flash._CAUSAL_ROWS (flash.CHUNK_ELEMENTS and
+// SMALL_ELEMENTS come from the caller: Python owns them, tests patch them).
 constexpr int64_t kBlockRows = 16;
 constexpr int64_t kCausalRows = 128;
 
@@ -65,18 +66,18 @@ at::Tensor from_bnsd(const at::Tensor& x, Layout layout) {
 }
 
 // flash._rows_per_block
-int64_t rows_per_block(int64_t b, int64_t n, int64_t s1, int64_t s2) {
-  const int64_t rows = kChunkElements / std::max<int64_t>(1, b * n * s2);
+int64_t rows_per_block(int64_t chunk_elements, int64_t b, int64_t n, int64_t s1, int64_t s2) {
+  const int64_t rows = chunk_elements / std::max<int64_t>(1, b * n * s2);
   return std::min(std::max(kBlockRows, rows / kBlockRows * kBlockRows), std::max<int64_t>(s1, 1));
 }
 
 // flash._row_max (no grad): the row max of the scaled logits, j > i masked
 // when causal; k may have fewer heads than q.
-at::Tensor row_max(const at::Tensor& q, const at::Tensor& k, double scale, bool causal) {
+at::Tensor row_max(const at::Tensor& q, const at::Tensor& k, double scale, bool causal, int64_t chunk_elements) {
   const int64_t b = q.size(0), n = q.size(1), s1 = q.size(2), d = q.size(3);
   const int64_t n_kv = k.size(1), s2 = k.size(2);
   const at::Tensor kt = k.transpose(-1, -2);
-  int64_t rows = rows_per_block(b, n, s1, s2);
+  int64_t rows = rows_per_block(chunk_elements, b, n, s1, s2);
   if (causal) rows = std::min(rows, std::max(kCausalRows, (s1 + 7) / 8));
   std::vector<at::Tensor> parts;
   for (int64_t i0 = 0; i0 < s1; i0 += rows) {
@@ -101,13 +102,19 @@ at::Tensor merge_stats(const at::Tensor& st, at::ScalarType dtype) {
   return st.to(dtype).unsqueeze(-1).expand(shape).contiguous();
 }
 
-}  // namespace
+// The arguments of a call one of the paths below takes, in [B, N, S, D] views.
+struct Call {
+  Layout layout;
+  at::Tensor q, k, v;  // BNSD views of the inputs
+  int64_t b, n, s1, n_kv, s2;
+  bool causal;
+};
 
-std::optional<FusionAttentionResult> fusion_attention_sdpa(const at::Tensor& query, const at::Tensor& key,
-                                                           const at::Tensor& value, int64_t head_num,
-                                                           const std::string& input_layout,
-                                                           const std::optional<at::Tensor>& atten_mask,
-                                                           double scale, int64_t sparse_mode) {
+// Plan's checks (layout.py) for the fixed layouts, and flash._sdpa_causal:
+// nullopt for anything else (the Python engine then raises or runs it).
+std::optional<Call> plain_call(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                               int64_t head_num, const std::string& input_layout,
+                               const std::optional<at::Tensor>& atten_mask, double scale, int64_t sparse_mode) {
   const auto layout = parse_layout(input_layout);
   if (!layout || head_num <= 0 || sparse_mode < 0 || sparse_mode > 6) return std::nullopt;
   if (!query.defined() || !key.defined() || !value.defined()) return std::nullopt;
@@ -128,38 +135,115 @@ std::optional<FusionAttentionResult> fusion_attention_sdpa(const at::Tensor& que
     head_dim = query.size(3);
     if (key.size(3) != head_dim) return std::nullopt;
   }
-  const at::Tensor q = to_bnsd(query, *layout, head_dim);
-  const at::Tensor k = to_bnsd(key, *layout, head_dim);
-  const at::Tensor v = to_bnsd(value, *layout, head_dim);
-  const int64_t b = q.size(0), n = q.size(1), s1 = q.size(2);
-  const int64_t n_kv = k.size(1), s2 = k.size(2);
-  if (n != head_num || k.size(0) != b || n_kv <= 0 || n % n_kv != 0) return std::nullopt;
-  if (s1 == 0 || s2 == 0 || v.size(3) != q.size(3)) return std::nullopt;
-  bool causal = false;
+  Call c{*layout, to_bnsd(query, *layout, head_dim), to_bnsd(key, *layout, head_dim),
+         to_bnsd(value, *layout, head_dim), 0, 0, 0, 0, 0, false};
+  c.b = c.q.size(0), c.n = c.q.size(1), c.s1 = c.q.size(2), c.n_kv = c.k.size(1), c.s2 = c.k.size(2);
+  if (c.n != head_num || c.k.size(0) != c.b || c.n_kv <= 0 || c.n % c.n_kv != 0) return std::nullopt;
+  if (c.s1 == 0 || c.s2 == 0 || c.v.size(3) != c.q.size(3)) return std::nullopt;
   if (atten_mask.has_value() && atten_mask->defined()) {
     const int64_t md = atten_mask->dim();
     if (md != 2 && md != 4) return std::nullopt;
     // (the CPU flash kernel's causal path returns NaN for scale <= 0)
-    if ((sparse_mode == 2 || (sparse_mode == 3 && s1 == s2)) && scale > 0) {
-      causal = true;
+    if ((sparse_mode == 2 || (sparse_mode == 3 && c.s1 == c.s2)) && scale > 0) {
+      c.causal = true;
     } else {
       return std::nullopt;  // a mask SDPA cannot express: the Python engine
     }
   }
+  return c;
+}
 
-  const auto in = [](const at::Tensor& t) { return t.scalar_type() == at::kFloat ? t : t.to(at::kFloat); };
-  const at::Tensor qc = in(q), kc = in(k), vc = in(v);
-  auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(qc, kc, vc, 0.0, causal, std::nullopt, scale);
+at::Tensor in_float(const at::Tensor& t) { return t.scalar_type() == at::kFloat ? t : t.to(at::kFloat); }
+
+// dropout_mask._block_seed: splitmix64-style mixing of (seed, offset, segment, block).
+uint64_t block_seed(int64_t seed, int64_t offset, int64_t segment, int64_t block) {
+  uint64_t x = static_cast<uint64_t>(seed) ^ (static_cast<uint64_t>(offset) * 0x9E3779B97F4A7C15ull) ^
+               (static_cast<uint64_t>(segment) * 0xBF58476D1CE4E5B9ull) ^
+               (static_cast<uint64_t>(block) * 0x94D049BB133111EBull);
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// dropout_mask.keep_rows for rows [0, s1) of segment 0: bool [b, n, s1, s2], True = kept.
+at::Tensor keep_rows(int64_t seed, int64_t offset, int64_t b, int64_t n, int64_t s1, int64_t s2,
+                     double keep_prob, const at::Device& device) {
+  std::vector<at::Tensor> parts;
+  for (int64_t block = 0; block < (s1 + kBlockRows - 1) / kBlockRows; ++block) {
+    const int64_t b0 = block * kBlockRows;
+    at::Generator gen = at::detail::createCPUGenerator(block_seed(seed, offset, 0, block));
+    const at::Tensor u = at::rand({b, n, kBlockRows, s2}, gen, at::TensorOptions().dtype(at::kFloat));
+    parts.push_back(u.slice(-2, 0, std::min(s1, b0 + kBlockRows) - b0).lt(keep_prob));
+  }
+  const at::Tensor keep = parts.size() == 1 ? parts[0] : at::cat(parts, -2);
+  return keep.to(device);
+}
+
+}  // namespace
+
+std::optional<FusionAttentionResult> fusion_attention_sdpa(const at::Tensor& query, const at::Tensor& key,
+                                                           const at::Tensor& value, int64_t head_num,
+                                                           const std::string& input_layout,
+                                                           const std::optional<at::Tensor>& atten_mask,
+                                                           double scale, int64_t sparse_mode,
+                                                           int64_t chunk_elements) {
+  auto c = plain_call(query, key, value, head_num, input_layout, atten_mask, scale, sparse_mode);
+  if (!c) return std::nullopt;
+  const at::Tensor qc = in_float(c->q), kc = in_float(c->k), vc = in_float(c->v);
+  auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(qc, kc, vc, 0.0, c->causal, std::nullopt, scale);
   at::Tensor smax, ssum;
   {
     at::NoGradGuard no_grad;
-    const at::Tensor m = row_max(qc, kc, scale, causal);
+    const at::Tensor m = row_max(qc, kc, scale, c->causal, chunk_elements);
     // sum_j exp(x_j - max) = exp(lse - max): no row is fully masked on this path
     const at::Tensor s = at::exp(lse - m);
     smax = merge_stats(m, at::kFloat);
     ssum = merge_stats(s, at::kFloat);
   }
-  at::Tensor result = from_bnsd(out, *layout).to(dtype);
+  at::Tensor result = from_bnsd(out, c->layout).to(query.scalar_type());
+  return FusionAttentionResult{result, smax, ssum, query.new_empty({0}), c->b * c->n * c->s1 * c->s2};
+}
+
+bool fusion_attention_small_dropout_applies(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                                            int64_t head_num, const std::string& input_layout,
+                                            const std::optional<at::Tensor>& atten_mask, double scale,
+                                            int64_t sparse_mode, int64_t chunk_elements,
+                                            int64_t small_elements) {
+  auto c = plain_call(query, key, value, head_num, input_layout, atten_mask, scale, sparse_mode);
+  return c && c->b * c->n * c->s1 * c->s2 <= small_elements &&            rows_per_block(chunk_elements, c->b, c->n, c->s1, c->s2) >= c->s1;
+}
+
+FusionAttentionResult fusion_attention_small_dropout(const at::Tensor& query, const at::Tensor& key,
+                                                     const at::Tensor& value, int64_t head_num,
+                                                     const std::string& input_layout,
+                                                     const std::optional<at::Tensor>& atten_mask, double scale,
+                                                     int64_t sparse_mode, double keep_prob, int64_t seed,
+                                                     int64_t offset) {
+  auto c = plain_call(query, key, value, head_num, input_layout, atten_mask, scale, sparse_mode);
+  TORCH_CHECK(c.has_value(), "fusion_attention_small_dropout: a call fusion_attention_small_dropout_applies refuses");
+  const int64_t b = c->b, n = c->n, s1 = c->s1, s2 = c->s2, n_kv = c->n_kv, dv = c->v.size(3);
+  const at::Tensor q = in_float(c->q), k = in_float(c->k), v = in_float(c->v);
+  // flash.small_dropout_attention, op for op
+  at::Tensor x = at::matmul(q.reshape({b, n_kv, (n / n_kv) * s1, q.size(3)}), k.transpose(-1, -2))
+                     .view({b, n, s1, s2})
+                     .mul(scale);
+  if (c->causal) {
+    x = x.masked_fill(at::ones({s1, s2}, x.options().dtype(at::kBool)).triu_(1), -INFINITY);
+  }
+  const at::Tensor row_max = x.detach().amax(-1, /*keepdim=*/true);
+  const at::Tensor e = at::exp(x - row_max);
+  const at::Tensor total = e.sum(-1, /*keepdim=*/true);
+  at::Tensor p = e / total;
+  p = p.masked_fill(keep_rows(seed, offset, b, n, s1, s2, keep_prob, p.device()).bitwise_not(), 0.0)
+          .mul(1.0 / keep_prob);
+  const at::Tensor out = at::matmul(p.reshape({b, n_kv, (n / n_kv) * s1, s2}), v).view({b, n, s1, dv});
+  at::Tensor smax, ssum;
+  {
+    at::NoGradGuard no_grad;
+    smax = merge_stats(row_max.squeeze(-1), at::kFloat);
+    ssum = merge_stats(total.detach().squeeze(-1), at::kFloat);
+  }
+  at::Tensor result = from_bnsd(out, c->layout).to(query.scalar_type());
   return FusionAttentionResult{result, smax, ssum, query.new_empty({0}), b * n * s1 * s2};
 }
 

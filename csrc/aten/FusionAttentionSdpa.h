@@ -17,11 +17,30 @@ namespace torch_npu::kernels {
 // (full attention) or sparse_mode 2 / 3 with S1 == S2 and scale > 0 (top-left causal),
 // non-empty sequences, Dv == D. The caller has already ruled out pse,
 // dropout, prefix, varlen lengths, padding_mask, sink and dropout_mask.
+// `chunk_elements` is flash.CHUNK_ELEMENTS (the row max's blocks).
 using FusionAttentionResult = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t>;
 std::optional<FusionAttentionResult> fusion_attention_sdpa(const at::Tensor& query, const at::Tensor& key,
                                                            const at::Tensor& value, int64_t head_num,
                                                            const std::string& input_layout,
                                                            const std::optional<at::Tensor>& atten_mask,
-                                                           double scale, int64_t sparse_mode);
+                                                           double scale, int64_t sparse_mode,
+                                                           int64_t chunk_elements);
+
+// The same calls with dropout (0 < keep_prob < 1), when small enough for one
+// block (at most `small_elements` logits, one row block of `chunk_elements`): whether this path takes
+// it, and flash.small_dropout_attention's formula op for op, with the keep mask
+// of dropout_mask.keep_rows for (seed, offset) (drawn by the caller between
+// the two calls, as the Python engine draws it after its checks).
+bool fusion_attention_small_dropout_applies(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                                            int64_t head_num, const std::string& input_layout,
+                                            const std::optional<at::Tensor>& atten_mask, double scale,
+                                            int64_t sparse_mode, int64_t chunk_elements,
+                                            int64_t small_elements);
+FusionAttentionResult fusion_attention_small_dropout(const at::Tensor& query, const at::Tensor& key,
+                                                     const at::Tensor& value, int64_t head_num,
+                                                     const std::string& input_layout,
+                                                     const std::optional<at::Tensor>& atten_mask, double scale,
+                                                     int64_t sparse_mode, double keep_prob, int64_t seed,
+                                                     int64_t offset);
 
 }  // namespace torch_npu::kernels

@@ -416,15 +416,33 @@ PYBIND11_MODULE(_C, m) {
   m.def("_npu_fusion_attention_sdpa",
         [](const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, int64_t head_num,
            const std::string& input_layout, const std::optional<at::Tensor>& atten_mask, double scale,
-           int64_t sparse_mode) -> py::object {
+           int64_t sparse_mode, int64_t chunk_elements) -> py::object {
           std::optional<torch_npu::kernels::FusionAttentionResult> r;
           {
             py::gil_scoped_release no_gil;
             r = torch_npu::kernels::fusion_attention_sdpa(query, key, value, head_num, input_layout, atten_mask,
-                                                          scale, sparse_mode);
+                                                          scale, sparse_mode, chunk_elements);
           }
           if (!r) return py::none();
           return py::cast(*r);
+        });
+
+  m.def("_npu_fusion_attention_small_dropout_applies",
+        [](const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, int64_t head_num,
+           const std::string& input_layout, const std::optional<at::Tensor>& atten_mask, double scale,
+           int64_t sparse_mode, int64_t chunk_elements, int64_t small_elements) {
+          return torch_npu::kernels::fusion_attention_small_dropout_applies(query, key, value, head_num, input_layout,
+                                                                            atten_mask, scale, sparse_mode,
+                                                                            chunk_elements, small_elements);
+        });
+  m.def("_npu_fusion_attention_small_dropout",
+        [](const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, int64_t head_num,
+           const std::string& input_layout, const std::optional<at::Tensor>& atten_mask, double scale,
+           int64_t sparse_mode, double keep_prob, int64_t seed, int64_t offset) {
+          py::gil_scoped_release no_gil;
+          return torch_npu::kernels::fusion_attention_small_dropout(query, key, value, head_num, input_layout,
+                                                                    atten_mask, scale, sparse_mode, keep_prob, seed,
+                                                                    offset);
         });
 
   // zero-copy bridges for code that runs CPU kernels on npu memory

@@ -72,12 +72,12 @@ def draw_seed_offset(like):
     import torch_npu
     idx = like.device.index if like.device.type == "npu" and like.device.index is not None \
         else torch_npu.npu.current_device()
-    state = torch_npu.npu.get_rng_state(idx)
-    raw = bytes(state.tolist())
-    seed = int.from_bytes(raw[:8], "little")
-    offset = int.from_bytes(raw[8:16], "little", signed=True)
-    new_state = raw[:8] + (offset + _OFFSET_STEP).to_bytes(8, "little", signed=True)
-    torch_npu.npu.set_rng_state(torch.tensor(list(new_state), dtype=torch.uint8), idx)
+    # the generator's state is [seed: uint64 | offset: int64] (get_rng_state's 16 bytes);
+    # read and advanced in place rather than through a state tensor round trip
+    torch_npu.npu._lazy_init()
+    gen = torch_npu.npu.random._generator(idx)
+    seed, offset = gen.initial_seed(), _signed64(gen.get_offset())
+    gen.set_offset((offset + _OFFSET_STEP) & _MASK64)
     return _signed64(seed), offset
 
 

@@ -164,17 +164,27 @@ def npu_fusion_attention(query, key, value, head_num, input_layout, pse=None, pa
     dropout_mask, the compressed alibi pse and pse with TND. The ``seed``/``offset`` inputs
     are not read (the pair comes from the generator)."""
     op = "npu_fusion_attention"
-    if (pse is None and keep_prob == 1.0 and prefix is None and actual_seq_qlen is None
+    if (pse is None and 0 < keep_prob <= 1 and prefix is None and actual_seq_qlen is None
             and actual_seq_kvlen is None and padding_mask is None and sink is None and dropout_mask is None
             and _plain(query, key, value, atten_mask)):
-        # the common case (no pse, no dropout, no mask or a causal one) in C++: the same ATen
-        # ops as the Python fast path below, without their per-op Python cost; None when the
-        # call needs the engine (which also raises the argument errors)
-        fast = torch_npu._C._npu_fusion_attention_sdpa(query, key, value, head_num, input_layout, atten_mask,
-                                                       scale, sparse_mode)
-        if fast is not None:
-            out, smax, ssum, softmax_out, numels = fast
-            return out, smax, ssum, softmax_out, 0, 0, numels
+        # the common cases (no pse, no mask or a causal one; no dropout, or dropout on a small
+        # call) in C++ (aten/FusionAttentionSdpa.cpp): the same ATen ops as the Python fast
+        # paths (_one_block_attention), without their per-op Python cost. Anything else, and
+        # every argument error, is the Python engine's.
+        C = torch_npu._C
+        if keep_prob == 1:
+            fast = C._npu_fusion_attention_sdpa(query, key, value, head_num, input_layout, atten_mask, scale,
+                                                sparse_mode, flash.CHUNK_ELEMENTS)
+            if fast is not None:
+                out, smax, ssum, softmax_out, numels = fast
+                return out, smax, ssum, softmax_out, 0, 0, numels
+        elif C._npu_fusion_attention_small_dropout_applies(query, key, value, head_num, input_layout, atten_mask,
+                                                           scale, sparse_mode, flash.CHUNK_ELEMENTS,
+                                                           flash.SMALL_ELEMENTS):
+            seed, offset = draw_seed_offset(query)
+            out, smax, ssum, softmax_out, numels = C._npu_fusion_attention_small_dropout(
+                query, key, value, head_num, input_layout, atten_mask, scale, sparse_mode, keep_prob, seed, offset)
+            return out, smax, ssum, softmax_out, seed, offset, numels
     reject_given(op, padding_mask=padding_mask, sink=sink, dropout_mask=dropout_mask)
     return _attention(op, query, key, value, head_num, input_layout, pse, atten_mask, scale, keep_prob,
                       pre_tockens, next_tockens, prefix, actual_seq_qlen, actual_seq_kvlen, sparse_mode, 1)
