@@ -153,33 +153,55 @@ def _layout_tensor(layout, b, s, n, d, dtype, gen):
     return torch.randn(*shape, generator=gen).to(dtype).npu().requires_grad_()
 
 
-@pytest.mark.parametrize("layout,n_kv", [("BSH", 4), ("SBH", 4), ("BSND", 4), ("BNSD", 4), ("BSND", 2), ("BNSD", 1)])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_cpp_fast_path_is_bitwise_the_python_fast_path(monkeypatch, layout, n_kv, dtype):
-    # The common case runs in C++ (aten/FusionAttentionSdpa.cpp) with the Python fast
-    # path's ops, order and row blocks (S = 300: three causal row blocks), so every result
-    # and gradient is the same bits as the Python path, which stays the reference here.
+def _check_cpp_path_against_python(monkeypatch, layout, n_kv, dtype, keep_prob, cases):
+    """For each (S, mask, sparse_mode, scale): the call is taken by C++ and gives the Python
+    path's bits (results, (seed, offset, numels), generator state, gradients)."""
     from torch_npu.op_plugin.attention import fusion
     engine = fusion._attention
     calls = []
     monkeypatch.setattr(fusion, "_attention", lambda *a: calls.append(a) or engine(*a))
     gen = torch.Generator().manual_seed(1)
-    for s, mask, sparse_mode, scale in ((9, None, 0, 0.3), (300, None, 0, -0.2), (9, "causal", 2, 0.3),
-                                        (300, "causal", 3, 0.125)):
+    for s, mask, sparse_mode, scale in cases:
         q = _layout_tensor(layout, 2, s, 4, 8, dtype, gen)
         k, v = (_layout_tensor(layout, 2, s, n_kv, 8, dtype, gen) for _ in range(2))
-        kw = dict(scale=scale, sparse_mode=sparse_mode, atten_mask=None if mask is None else TEMPLATE.npu())
+        kw = dict(scale=scale, sparse_mode=sparse_mode, keep_prob=keep_prob,
+                  atten_mask=None if mask is None else TEMPLATE.npu())
+        torch.npu.manual_seed(5)
         got = torch_npu.npu_fusion_attention(q, k, v, 4, layout, **kw)
         assert calls == []  # taken by C++
+        got_state = torch.npu.get_rng_state()
         dy = torch.randn(got[0].shape, generator=gen).to(dtype).npu()
         got_grads = torch.autograd.grad(got[0], (q, k, v), dy)
-        want = engine("npu_fusion_attention", q, k, v, 4, layout, None, kw["atten_mask"], scale, 1.0, BIG, BIG,
-                      None, None, None, sparse_mode, 1)
+        torch.npu.manual_seed(5)
+        want = engine("npu_fusion_attention", q, k, v, 4, layout, None, kw["atten_mask"], scale, keep_prob, BIG,
+                      BIG, None, None, None, sparse_mode, 1)
         want_grads = torch.autograd.grad(want[0], (q, k, v), dy)
-        assert got[4:] == want[4:] == (0, 0, 2 * 4 * s * s)
+        seed_offset = (5, 0) if keep_prob < 1 else (0, 0)
+        assert got[4:] == want[4:] == seed_offset + (2 * 4 * s * s,)
+        assert torch.equal(got_state, torch.npu.get_rng_state())  # advanced alike (or not at all)
         for a, b in zip(got[:4] + got_grads, want[:4] + want_grads):
             assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.cpu(), b.cpu())
 
+
+@pytest.mark.parametrize("layout,n_kv", [("BSH", 4), ("SBH", 4), ("BSND", 4), ("BNSD", 4), ("BSND", 2), ("BNSD", 1)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cpp_fast_path_is_bitwise_the_python_fast_path(monkeypatch, layout, n_kv, dtype):
+    # The common case runs in C++ (aten/FusionAttentionSdpa.cpp) with the Python fast
+    # path's ops, order and row blocks (S = 300: three causal row blocks).
+    _check_cpp_path_against_python(monkeypatch, layout, n_kv, dtype, 1.0,
+                                   ((9, None, 0, 0.3), (300, None, 0, -0.2), (9, "causal", 2, 0.3),
+                                    (300, "causal", 3, 0.125)))
+
+
+@pytest.mark.parametrize("layout,n_kv", [("BSH", 4), ("SBH", 4), ("BSND", 2), ("BNSD", 1)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cpp_small_dropout_path_is_bitwise_the_python_path(monkeypatch, layout, n_kv, dtype):
+    # A small call with dropout also runs in C++, with the Python small-dropout path's ops and
+    # keep mask (the same (seed, offset) from the npu generator, the same mask row blocks;
+    # S = 40: three of them).
+    _check_cpp_path_against_python(monkeypatch, layout, n_kv, dtype, 0.8,
+                                   ((7, None, 0, 0.3), (40, None, 0, -0.2), (40, "causal", 2, 0.125),
+                                    (7, "causal", 3, 0.5)))
 
 
 @pytest.mark.parametrize("scale", [-0.5, 0.0])
@@ -203,36 +225,3 @@ def test_causal_with_a_nonpositive_scale_is_right(scale):
     torch.testing.assert_close(ssum[..., 0].cpu().double(), ref_sum.detach(), rtol=1e-4, atol=1e-4)
     for got, ref in ((qs, q64), (ks, k64), (vs, v64)):
         torch.testing.assert_close(got.grad.cpu().double(), ref.grad, rtol=1e-4, atol=1e-4)
-
-
-@pytest.mark.parametrize("layout,n_kv", [("BSH", 4), ("SBH", 4), ("BSND", 2), ("BNSD", 1)])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_cpp_small_dropout_path_is_bitwise_the_python_path(monkeypatch, layout, n_kv, dtype):
-    # A small call with dropout also runs in C++, with the Python small-dropout path's ops and
-    # keep mask (same (seed, offset) drawn from the npu generator, same mask blocks): results,
-    # the returned pair and gradients are the same bits. S = 40: three mask row blocks.
-    from torch_npu.op_plugin.attention import fusion
-    engine = fusion._attention
-    calls = []
-    monkeypatch.setattr(fusion, "_attention", lambda *a: calls.append(a) or engine(*a))
-    gen = torch.Generator().manual_seed(2)
-    for s, mask, sparse_mode, scale in ((7, None, 0, 0.3), (40, None, 0, -0.2), (40, "causal", 2, 0.125),
-                                        (7, "causal", 3, 0.5)):
-        q = _layout_tensor(layout, 2, s, 4, 8, dtype, gen)
-        k, v = (_layout_tensor(layout, 2, s, n_kv, 8, dtype, gen) for _ in range(2))
-        kw = dict(scale=scale, sparse_mode=sparse_mode, keep_prob=0.8,
-                  atten_mask=None if mask is None else TEMPLATE.npu())
-        torch.npu.manual_seed(5)
-        got = torch_npu.npu_fusion_attention(q, k, v, 4, layout, **kw)
-        assert calls == []  # taken by C++
-        got_state = torch.npu.get_rng_state()
-        dy = torch.randn(got[0].shape, generator=gen).to(dtype).npu()
-        got_grads = torch.autograd.grad(got[0], (q, k, v), dy)
-        torch.npu.manual_seed(5)
-        want = engine("npu_fusion_attention", q, k, v, 4, layout, None, kw["atten_mask"], scale, 0.8, BIG, BIG,
-                      None, None, None, sparse_mode, 1)
-        want_grads = torch.autograd.grad(want[0], (q, k, v), dy)
-        assert got[4:] == want[4:] == (5, 0, 2 * 4 * s * s)  # (seed, offset, numels)
-        assert torch.equal(got_state, torch.npu.get_rng_state())  # both advanced the generator alike
-        for a, b in zip(got[:4] + got_grads, want[:4] + want_grads):
-            assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.cpu(), b.cpu())
