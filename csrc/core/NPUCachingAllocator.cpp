@@ -173,28 +173,27 @@ struct NodeAlloc {
 struct Block;
 
 // Pools are ordered by stream first, as CUDA's: a lookup only ever sees the
-// blocks of the requesting stream. A best-fit lookup compares against a
-// PoolKey rather than a temporary Block.
+// blocks of the requesting stream. Each entry holds a copy of its block's
+// key, so a search reads tree nodes only (no Block per level), and a best-fit
+// lookup compares against a bare PoolKey.
 struct PoolKey {
   int64_t stream;
   size_t size;
   const char* ptr;
 };
-inline PoolKey key_of(const Block* b);
-inline const PoolKey& key_of(const PoolKey& k) { return k; }
+struct PoolEntry : PoolKey {
+  Block* block;
+};
 
 struct BlockLess {
   using is_transparent = void;
-  template <typename A, typename B>
-  bool operator()(const A& a0, const B& b0) const {
-    const PoolKey& a = key_of(a0);
-    const PoolKey& b = key_of(b0);
+  bool operator()(const PoolKey& a, const PoolKey& b) const {
     if (a.stream != b.stream) return a.stream < b.stream;
     if (a.size != b.size) return a.size < b.size;
     return a.ptr < b.ptr;
   }
 };
-using Pool = std::set<Block*, BlockLess, NodeAlloc<Block*>>;
+using Pool = std::set<PoolEntry, BlockLess, NodeAlloc<PoolEntry>>;
 
 struct Block {
   int device;
@@ -227,8 +226,6 @@ struct Block {
   // Free and in a pool (neither in use nor waiting for recorded streams).
   bool is_free() const { return !allocated && !pending; }
 };
-
-inline PoolKey key_of(const Block* b) { return {b->stream, b->size, b->ptr}; }
 
 // The blocks in use, by address: open addressing with linear probing and
 // backward-shift deletion (no tombstones), at most half full. Lookups by
@@ -573,8 +570,8 @@ class Allocator {
 
   Block* find_free(Pool& pool, size_t size, int64_t stream) {
     auto it = pool.lower_bound(PoolKey{stream, size, nullptr});
-    if (it == pool.end() || (*it)->stream != stream) return nullptr;
-    Block* b = *it;
+    if (it == pool.end() || it->stream != stream) return nullptr;
+    Block* b = it->block;
     // Oversize blocks are not split for smaller requests, and are only
     // reused for requests close to their size (CUDA's rule).
     if (size < conf_.max_split_size && b->size >= conf_.max_split_size) return nullptr;
@@ -654,7 +651,8 @@ class Allocator {
   }
 
   void insert_free(DeviceState& ds, Pool& pool, Block* b) {
-    b->pool_pos = pool.insert(b).first;
+    // The key is copied: a block's size changes only while it is out of the pool.
+    b->pool_pos = pool.insert(PoolEntry{{b->stream, b->size, b->ptr}, b}).first;
     if (b->is_split()) {
       for (int t : {ALL, b->small ? SMALL_POOL : LARGE_POOL}) {
         ds.stats.inactive_split[t].increase(1);
@@ -818,8 +816,8 @@ class Allocator {
   void release_cached(DeviceState& ds) {
     for (auto* pool : {&ds.small_free, &ds.large_free}) {
       std::vector<Block*> whole;
-      for (Block* b : *pool) {
-        if (!b->is_split()) whole.push_back(b);
+      for (const PoolEntry& e : *pool) {
+        if (!e.block->is_split()) whole.push_back(e.block);
       }
       for (Block* b : whole) release_segment(ds, *pool, b);
     }
