@@ -13,7 +13,8 @@
 #include <mutex>
 #include <set>
 #include <sstream>
-#include <unordered_map>
+#include <new>
+#include <optional>
 
 #include "core/NPUException.h"
 #include "core/NPUGuard.h"
@@ -119,22 +120,81 @@ AllocConf parse_conf() {
   return c;
 }
 
-// Log records produced under the allocator lock are emitted after it is
-// released (the Python sink takes the GIL).
-thread_local log::Deferred* tls_logs = nullptr;
+// Fixed-size free lists. Every user holds the allocator mutex, so they need
+// no lock of their own; the memory they keep is bounded by the peak number
+// of live objects and is never returned (the allocator is never destroyed).
+// They spare the malloc/free that each split, merge and pool insert/erase
+// would otherwise cost.
+template <size_t Size>
+struct FreeList {
+  struct Node {
+    Node* next;
+  };
+  static_assert(Size >= sizeof(Node), "free-list objects hold the link");
+  static inline Node* head = nullptr;
+  static void* get() {
+    if (head == nullptr) return ::operator new(Size);
+    Node* n = head;
+    head = n->next;
+    return n;
+  }
+  static void put(void* p) {
+    Node* n = static_cast<Node*>(p);
+    n->next = head;
+    head = n;
+  }
+};
 
-void note(int level, std::string message) {
-  if (tls_logs != nullptr && log::enabled(log::MEMORY, level)) tls_logs->add(log::MEMORY, level, std::move(message));
-}
-
-struct LogScope {
-  log::Deferred logs;
-  log::Deferred* prev;
-  LogScope() : prev(tls_logs) { tls_logs = &logs; }
-  ~LogScope() { tls_logs = prev; }
+// std::allocator for the pools' tree nodes, drawing single nodes from a FreeList.
+template <typename T>
+struct NodeAlloc {
+  using value_type = T;
+  NodeAlloc() = default;
+  template <typename U>
+  NodeAlloc(const NodeAlloc<U>&) {}
+  T* allocate(size_t n) {
+    if (n == 1) return static_cast<T*>(FreeList<sizeof(T)>::get());
+    return static_cast<T*>(::operator new(n * sizeof(T)));
+  }
+  void deallocate(T* p, size_t n) {
+    if (n == 1) {
+      FreeList<sizeof(T)>::put(p);
+    } else {
+      ::operator delete(p);
+    }
+  }
+  template <typename U>
+  bool operator==(const NodeAlloc<U>&) const { return true; }
+  template <typename U>
+  bool operator!=(const NodeAlloc<U>&) const { return false; }
 };
 
 // ---- blocks ----------------------------------------------------------------
+struct Block;
+
+// Pools are ordered by stream first, as CUDA's: a lookup only ever sees the
+// blocks of the requesting stream. Each entry holds a copy of its block's
+// key, so a search reads tree nodes only (no Block per level), and a best-fit
+// lookup compares against a bare PoolKey.
+struct PoolKey {
+  int64_t stream;
+  size_t size;
+  const char* ptr;
+};
+struct PoolEntry : PoolKey {
+  Block* block;
+};
+
+struct BlockLess {
+  using is_transparent = void;
+  bool operator()(const PoolKey& a, const PoolKey& b) const {
+    if (a.stream != b.stream) return a.stream < b.stream;
+    if (a.size != b.size) return a.size < b.size;
+    return a.ptr < b.ptr;
+  }
+};
+using Pool = std::set<PoolEntry, BlockLess, NodeAlloc<PoolEntry>>;
+
 struct Block {
   int device;
   size_t size;
@@ -151,26 +211,99 @@ struct Block {
   int32_t format = -1;  // torch_npu private format of the storage (-1: the base format)
   Block* prev = nullptr;
   Block* next = nullptr;
+  Pool::iterator pool_pos;  // where it sits in its pool while is_free()
   Block(int d, size_t s, char* p, bool sm, int64_t st) : device(d), size(s), ptr(p), stream(st), small(sm) {}
+  // Blocks live in a FreeList (under the allocator mutex): split and merge
+  // create and destroy one per allocation in steady state.
+  static Block* make(int d, size_t s, char* p, bool sm, int64_t st) {
+    return new (FreeList<sizeof(Block)>::get()) Block(d, s, p, sm, st);
+  }
+  static void destroy(Block* b) {
+    b->~Block();
+    FreeList<sizeof(Block)>::put(b);
+  }
   bool is_split() const { return prev != nullptr || next != nullptr; }
   // Free and in a pool (neither in use nor waiting for recorded streams).
   bool is_free() const { return !allocated && !pending; }
 };
 
-// Pools are ordered by stream first, as CUDA's: a lookup only ever sees the
-// blocks of the requesting stream.
-struct BlockLess {
-  bool operator()(const Block* a, const Block* b) const {
-    if (a->stream != b->stream) return a->stream < b->stream;
-    if (a->size != b->size) return a->size < b->size;
-    return a->ptr < b->ptr;
+// The blocks in use, by address: open addressing with linear probing and
+// backward-shift deletion (no tombstones), at most half full. Lookups by
+// address happen on every free, so this replaces a node-based hash map.
+class ActiveMap {
+ public:
+  Block* find(const void* key) const {
+    if (slots_.empty()) return nullptr;
+    for (size_t i = home(key);; i = (i + 1) & mask_) {
+      const Slot& s = slots_[i];
+      if (s.key == key) return s.block;
+      if (s.key == nullptr) return nullptr;
+    }
   }
+  // Inserts or replaces the entry of `key` (non-null).
+  void put(const void* key, Block* block) {
+    if ((count_ + 1) * 2 > slots_.size()) grow();
+    size_t i = home(key);
+    while (slots_[i].key != nullptr && slots_[i].key != key) i = (i + 1) & mask_;
+    if (slots_[i].key == nullptr) ++count_;
+    slots_[i] = {key, block};
+  }
+  // Removes the entry of `key`; returns its block, or nullptr if absent.
+  Block* take(const void* key) {
+    if (slots_.empty() || key == nullptr) return nullptr;
+    size_t i = home(key);
+    while (slots_[i].key != key) {
+      if (slots_[i].key == nullptr) return nullptr;
+      i = (i + 1) & mask_;
+    }
+    Block* found = slots_[i].block;
+    // Shift later members of the probe run back over the hole, keeping every
+    // entry reachable from its home slot.
+    for (size_t j = (i + 1) & mask_; slots_[j].key != nullptr; j = (j + 1) & mask_) {
+      const size_t h = home(slots_[j].key);
+      const bool stays = i <= j ? (i < h && h <= j) : (i < h || h <= j);
+      if (!stays) {
+        slots_[i] = slots_[j];
+        i = j;
+      }
+    }
+    slots_[i] = {nullptr, nullptr};
+    --count_;
+    return found;
+  }
+
+ private:
+  struct Slot {
+    const void* key;
+    Block* block;
+  };
+  size_t home(const void* key) const {
+    // Fibonacci hashing of the address (blocks are 512-byte aligned in their segment).
+    const uint64_t x = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(key)) * 0x9E3779B97F4A7C15ULL;
+    return static_cast<size_t>(x >> shift_);
+  }
+  void grow() {
+    std::vector<Slot> old;
+    old.swap(slots_);
+    const size_t n = old.empty() ? 1024 : old.size() * 2;
+    slots_.assign(n, Slot{nullptr, nullptr});
+    mask_ = n - 1;
+    shift_ = 64 - __builtin_ctzll(n);
+    count_ = 0;
+    for (const Slot& s : old) {
+      if (s.key != nullptr) put(s.key, s.block);
+    }
+  }
+  std::vector<Slot> slots_;
+  size_t mask_ = 0;
+  int shift_ = 64;
+  size_t count_ = 0;
 };
 
 struct DeviceState {
-  std::set<Block*, BlockLess> small_free, large_free;
+  Pool small_free, large_free;
   std::vector<Block*> pending;  // freed blocks waiting for their recorded streams
-  std::set<Block*> segments;  // first block of each segment
+  std::set<Block*, std::less<Block*>, NodeAlloc<Block*>> segments;  // first block of each segment
   DeviceStats stats;
   uint64_t reserved = 0;
   double fraction = 1.0;
@@ -195,8 +328,9 @@ class Allocator {
 
   // Allocates on the device's current stream.
   void* malloc(size_t size, int device) {
-    LogScope logs;
+    std::optional<log::Deferred> logs;  // emitted after the lock is released (the Python sink takes the GIL)
     std::lock_guard<std::mutex> g(mu_);
+    LogBinding bind(this, &logs);
     check_device(device);
     const int64_t stream = current_stream_id(device);
     DeviceState& ds = devices_[device];
@@ -217,7 +351,7 @@ class Allocator {
     b->allocated = true;
     b->requested = size;
     b->format = -1;
-    active_[b->ptr] = b;
+    active_.put(b->ptr, b);
     update_alloc_stats(ds, b, +1);
     update_active_stats(ds, b, +1);
     report_to_profiler(ds, b, device, static_cast<int64_t>(b->size));
@@ -225,12 +359,11 @@ class Allocator {
   }
 
   void free(void* ptr) {
-    LogScope logs;
+    std::optional<log::Deferred> logs;  // emitted after the lock is released (the Python sink takes the GIL)
     std::lock_guard<std::mutex> g(mu_);
-    auto it = active_.find(ptr);
-    TORCH_INTERNAL_ASSERT(it != active_.end(), "invalid device pointer freed: ", ptr);
-    Block* b = it->second;
-    active_.erase(it);
+    LogBinding bind(this, &logs);
+    Block* b = active_.take(ptr);
+    TORCH_INTERNAL_ASSERT(b != nullptr, "invalid device pointer freed: ", ptr);
     DeviceState& ds = devices_[b->device];
     update_alloc_stats(ds, b, -1);
     report_to_profiler(ds, b, b->device, -static_cast<int64_t>(b->size));
@@ -251,9 +384,8 @@ class Allocator {
   // stream before `stream` has progressed past the block's free.
   void record_stream(void* ptr, const c10::Stream& stream) {
     std::lock_guard<std::mutex> g(mu_);
-    auto it = active_.find(ptr);
-    if (it == active_.end()) return;  // not a pool block (e.g. shared memory): nothing to delay
-    Block* b = it->second;
+    Block* b = active_.find(ptr);
+    if (b == nullptr) return;  // not a pool block (e.g. shared memory): nothing to delay
     const int64_t id = stream.id();
     if (id == b->stream) return;
     if (std::find(b->stream_uses.begin(), b->stream_uses.end(), id) == b->stream_uses.end()) {
@@ -264,41 +396,42 @@ class Allocator {
   // torch_npu.erase_stream: forget a record_stream mark.
   void erase_stream(void* ptr, const c10::Stream& stream) {
     std::lock_guard<std::mutex> g(mu_);
-    auto it = active_.find(ptr);
-    if (it == active_.end()) return;
-    auto& uses = it->second->stream_uses;
+    Block* b = active_.find(ptr);
+    if (b == nullptr) return;
+    auto& uses = b->stream_uses;
     uses.erase(std::remove(uses.begin(), uses.end(), stream.id()), uses.end());
   }
 
   int format_of(const void* ptr) {
     std::lock_guard<std::mutex> g(mu_);
-    auto it = active_.find(const_cast<void*>(ptr));
-    return it == active_.end() ? -1 : it->second->format;
+    const Block* b = active_.find(ptr);
+    return b == nullptr ? -1 : b->format;
   }
 
   bool set_format(const void* ptr, int format) {
     std::lock_guard<std::mutex> g(mu_);
-    auto it = active_.find(const_cast<void*>(ptr));
-    if (it == active_.end()) return false;
-    it->second->format = format;
+    Block* b = active_.find(ptr);
+    if (b == nullptr) return false;
+    b->format = format;
     return true;
   }
 
   int64_t stream_of(const void* ptr) {
     std::lock_guard<std::mutex> g(mu_);
-    auto it = active_.find(const_cast<void*>(ptr));
-    return it == active_.end() ? -1 : it->second->stream;
+    const Block* b = active_.find(ptr);
+    return b == nullptr ? -1 : b->stream;
   }
 
   int device_of(const void* ptr) {
     std::lock_guard<std::mutex> g(mu_);
-    auto it = active_.find(const_cast<void*>(ptr));
-    return it == active_.end() ? -1 : it->second->device;
+    const Block* b = active_.find(ptr);
+    return b == nullptr ? -1 : b->device;
   }
 
   void empty_cache() {
-    LogScope logs;
+    std::optional<log::Deferred> logs;  // emitted after the lock is released (the Python sink takes the GIL)
     std::lock_guard<std::mutex> g(mu_);
+    LogBinding bind(this, &logs);
     for (auto& ds : devices_) {
       flush_pending(ds);
       release_cached(ds);
@@ -372,8 +505,9 @@ class Allocator {
   // A shared-memory segment obtained outside the pools (allocate_shared):
   // counted like a one-block large segment, and against the capacity.
   void* malloc_shared(size_t size, int device, int* handle) {
-    LogScope logs;
+    std::optional<log::Deferred> logs;  // emitted after the lock is released (the Python sink takes the GIL)
     std::lock_guard<std::mutex> g(mu_);
+    LogBinding bind(this, &logs);
     check_device(device);
     DeviceState& ds = devices_[device];
     const uint64_t cap = acl_emu::config().capacity;
@@ -400,9 +534,25 @@ class Allocator {
   const AllocConf& conf() const { return conf_; }
 
  private:
+  // Binds a call's log records to the allocator while it holds the lock.
+  struct LogBinding {
+    Allocator* a;
+    LogBinding(Allocator* alloc, std::optional<log::Deferred>* logs) : a(alloc) { a->logs_ = logs; }
+    ~LogBinding() { a->logs_ = nullptr; }
+  };
+
+  // Records a log line, emitted once the lock is released (dropped outside a
+  // call that collects them). The call's Deferred is created on the first
+  // record, so a call that logs nothing pays nothing for it.
+  void note(int level, std::string message) {
+    if (logs_ == nullptr || !log::enabled(log::MEMORY, level)) return;
+    if (!logs_->has_value()) logs_->emplace();
+    (*logs_)->add(log::MEMORY, level, std::move(message));
+  }
+
   void check_device(int device) {
-    TORCH_CHECK(device >= 0 && device < static_cast<int>(devices_.size()), "Invalid device argument ", device,
-                ": did you call init?", PTA_ERROR(ErrCode::PARAM));
+    if (C10_LIKELY(device >= 0 && device < static_cast<int>(devices_.size()))) return;
+    TORCH_CHECK(false, "Invalid device argument ", device, ": did you call init?", PTA_ERROR(ErrCode::PARAM));
   }
 
   // torch_npu pads every request by 32 bytes before rounding to 512.
@@ -418,11 +568,10 @@ class Allocator {
     return kRoundLarge * ((size + kRoundLarge - 1) / kRoundLarge);
   }
 
-  Block* find_free(std::set<Block*, BlockLess>& pool, size_t size, int64_t stream) {
-    Block key(0, size, nullptr, false, stream);
-    auto it = pool.lower_bound(&key);
-    if (it == pool.end() || (*it)->stream != stream) return nullptr;
-    Block* b = *it;
+  Block* find_free(Pool& pool, size_t size, int64_t stream) {
+    auto it = pool.lower_bound(PoolKey{stream, size, nullptr});
+    if (it == pool.end() || it->stream != stream) return nullptr;
+    Block* b = it->block;
     // Oversize blocks are not split for smaller requests, and are only
     // reused for requests close to their size (CUDA's rule).
     if (size < conf_.max_split_size && b->size >= conf_.max_split_size) return nullptr;
@@ -472,7 +621,7 @@ class Allocator {
                        "max_split_size_mb to avoid fragmentation.",
                        PTA_ERROR(ErrCode::MEMORY));
     }
-    Block* b = new Block(device, seg, static_cast<char*>(p), small, stream);
+    Block* b = Block::make(device, seg, static_cast<char*>(p), small, stream);
     ds.reserved += seg;
     note(log::INFO, "device " + std::to_string(device) + ": new " + (small ? "small" : "large") + " segment of " +
                         format_size(seg) + " (reserved " + format_size(ds.reserved) + ")");
@@ -491,7 +640,7 @@ class Allocator {
     bool should = b->small ? remaining >= kMinBlockSize
                            : (size < conf_.max_split_size && remaining > kSmallSize);
     if (!should) return b;
-    Block* rest = new Block(b->device, remaining, b->ptr + size, b->small, b->stream);
+    Block* rest = Block::make(b->device, remaining, b->ptr + size, b->small, b->stream);
     rest->prev = b;
     rest->next = b->next;
     if (rest->next) rest->next->prev = rest;
@@ -501,8 +650,9 @@ class Allocator {
     return b;
   }
 
-  void insert_free(DeviceState& ds, std::set<Block*, BlockLess>& pool, Block* b) {
-    pool.insert(b);
+  void insert_free(DeviceState& ds, Pool& pool, Block* b) {
+    // The key is copied: a block's size changes only while it is out of the pool.
+    b->pool_pos = pool.insert(PoolEntry{{b->stream, b->size, b->ptr}, b}).first;
     if (b->is_split()) {
       for (int t : {ALL, b->small ? SMALL_POOL : LARGE_POOL}) {
         ds.stats.inactive_split[t].increase(1);
@@ -511,8 +661,8 @@ class Allocator {
     }
   }
 
-  void erase_free(DeviceState& ds, std::set<Block*, BlockLess>& pool, Block* b) {
-    pool.erase(b);
+  void erase_free(DeviceState& ds, Pool& pool, Block* b) {
+    pool.erase(b->pool_pos);  // by position: no search
     if (b->is_split()) {
       for (int t : {ALL, b->small ? SMALL_POOL : LARGE_POOL}) {
         ds.stats.inactive_split[t].decrease(1);
@@ -521,14 +671,14 @@ class Allocator {
     }
   }
 
-  Block* merge(DeviceState& ds, std::set<Block*, BlockLess>& pool, Block* b) {
+  Block* merge(DeviceState& ds, Pool& pool, Block* b) {
     if (b->prev && b->prev->is_free()) {
       Block* p = b->prev;
       erase_free(ds, pool, p);
       p->size += b->size;
       p->next = b->next;
       if (p->next) p->next->prev = p;
-      delete b;
+      Block::destroy(b);
       b = p;
     }
     if (b->next && b->next->is_free()) {
@@ -537,7 +687,7 @@ class Allocator {
       b->size += n->size;
       b->next = n->next;
       if (b->next) b->next->prev = b;
-      delete n;
+      Block::destroy(n);
     }
     return b;
   }
@@ -647,7 +797,7 @@ class Allocator {
                                      c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(device)));
   }
 
-  void release_segment(DeviceState& ds, std::set<Block*, BlockLess>& pool, Block* b) {
+  void release_segment(DeviceState& ds, Pool& pool, Block* b) {
     erase_free(ds, pool, b);
     acl_emu::aclrtFree(b->ptr, b->size, b->device);
     ds.reserved -= b->size;
@@ -660,14 +810,14 @@ class Allocator {
       ds.stats.reserved_bytes[t].decrease(b->size);
     }
     if (b->size >= conf_.max_split_size) ds.stats.oversize_segments.decrease(1);
-    delete b;
+    Block::destroy(b);
   }
 
   void release_cached(DeviceState& ds) {
     for (auto* pool : {&ds.small_free, &ds.large_free}) {
       std::vector<Block*> whole;
-      for (Block* b : *pool) {
-        if (!b->is_split()) whole.push_back(b);
+      for (const PoolEntry& e : *pool) {
+        if (!e.block->is_split()) whole.push_back(e.block);
       }
       for (Block* b : whole) release_segment(ds, *pool, b);
     }
@@ -681,7 +831,8 @@ class Allocator {
   std::mutex mu_;
   AllocConf conf_;
   std::vector<DeviceState> devices_;
-  std::unordered_map<void*, Block*> active_;
+  ActiveMap active_;
+  std::optional<log::Deferred>* logs_ = nullptr;  // the current locked call's log records
 };
 
 Allocator& instance() {
