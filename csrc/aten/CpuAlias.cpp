@@ -131,6 +131,23 @@ at::Tensor share_result(const at::Tensor& r, int device) {
                          r);
 }
 
+at::Tensor adopt_result_in_place(at::Tensor r, int device) {
+  if (!r.defined()) return r;
+  c10::TensorImpl* impl = r.unsafeGetTensorImpl();
+  // Only a plain, fresh, unshared CPU result: then turning its TensorImpl
+  // into the npu tensor is what a new one would be (same sizes, strides,
+  // dtype, flags; the backend bits of its key set and its device change).
+  const bool plain = r.use_count() == 1 && r.weak_use_count() <= 1 && impl->device_type() == c10::DeviceType::CPU &&
+                     impl->layout() == c10::kStrided && !impl->is_conj() && !impl->is_neg() &&
+                     !impl->_is_zerotensor() && !impl->is_wrapped_number() &&
+                     !impl->key_set().has(c10::DispatchKey::Python) &&
+                     impl->allow_tensor_metadata_change() && impl->has_storage();
+  if (!plain) return adopt_result(r, device);
+  impl->set_storage_keep_dtype(adopt_storage(impl->unsafe_storage().unsafeGetStorageImpl(), device));
+  impl->_change_backend_component_keys(c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(device)));
+  return r;
+}
+
 at::Tensor adopt_result(const at::Tensor& r, int device) {
   if (!r.defined()) return r;
   return npu_tensor_like(adopt_storage(r.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl(), device), r);

@@ -42,6 +42,9 @@ at::Tensor cpu_alias(const at::Tensor& t, c10::Storage storage);
 // An npu tensor on `device` for a CPU tensor produced inside a
 // DeviceMemoryScope(device); zero-copy when the memory came from the pool.
 at::Tensor adopt_result(const at::Tensor& cpu_result, int device);
+// The same for a result nobody else holds: its TensorImpl becomes the npu
+// tensor (no second TensorImpl), when it is a plain strided CPU tensor.
+at::Tensor adopt_result_in_place(at::Tensor cpu_result, int device);
 // Like adopt_result, but the CPU tensor stays valid: a pool-backed storage
 // is shared (the npu storage keeps the CPU one alive), anything else copied.
 at::Tensor share_result(const at::Tensor& cpu_result, int device);

@@ -76,7 +76,7 @@ struct Call {
   // A CPU kernel result as an npu tensor: an argument returned as is is that
   // argument; a view of an argument's memory is a view of its npu storage;
   // anything else is adopted from the device pool.
-  at::Tensor result(const at::Tensor& r) {
+  at::Tensor result(at::Tensor r) {
     if (!r.defined() || !r.is_cpu()) return r;
     const c10::TensorImpl* ri = r.unsafeGetTensorImpl();
     for (auto& a : aliases) {
@@ -88,7 +88,7 @@ struct Call {
         return npu_tensor_like(a.first->storage(), r);
       }
     }
-    return adopt_result(r, device);
+    return adopt_result_in_place(std::move(r), device);
   }
 };
 
@@ -141,6 +141,8 @@ struct Arg<at::ITensorListRef> {
 template <class A>
 constexpr bool kWritten = std::is_same_v<A, at::Tensor&>;
 
+// Results are moved in, so a fresh CPU result can become the npu tensor
+// itself (adopt_result_in_place) instead of being copied into a new one.
 template <class R>
 struct Result {
   static R map(Call&, R r) { return r; }
@@ -148,13 +150,13 @@ struct Result {
 
 template <>
 struct Result<at::Tensor> {
-  static at::Tensor map(Call& c, const at::Tensor& r) { return c.result(r); }
+  static at::Tensor map(Call& c, at::Tensor r) { return c.result(std::move(r)); }
 };
 
 template <class... Ts>
 struct Result<std::tuple<Ts...>> {
-  static std::tuple<Ts...> map(Call& c, const std::tuple<Ts...>& r) {
-    return std::apply([&](const auto&... x) { return std::tuple<Ts...>(Result<std::decay_t<decltype(x)>>::map(c, x)...); },
+  static std::tuple<Ts...> map(Call& c, std::tuple<Ts...> r) {
+    return std::apply([&](auto&... x) { return std::tuple<Ts...>(Result<std::decay_t<decltype(x)>>::map(c, std::move(x))...); },
                       r);
   }
 };
@@ -192,7 +194,7 @@ struct Unboxed<Op, Ret(Args...)> {
         KernelScope scope(op(), c.device);
         r = std::apply([&](auto&... a) { return Op::redispatch(kCpu, a...); }, cpu_args);
       }
-      return Result<std::decay_t<Ret>>::map(c, r);
+      return Result<std::decay_t<Ret>>::map(c, std::move(r));
     }
   }
 
