@@ -456,6 +456,18 @@ def test_dropout_reproducible_and_seed_offset(device):
     assert a[6] == 2 * 4 * 16 * 24
 
 
+def test_dropout_seed_offset_at_the_state_boundaries():
+    # The pair is read from the generator's 16-byte state [seed: uint64 | offset: int64]:
+    # a seed with the top bit set comes back as the signed int64 the real op returns, a
+    # negative offset as is, and the offset advances by 10 across zero.
+    q = rand((1, 2, 8, 8), seed=1).npu()
+    state = (2**64 - 5).to_bytes(8, "little") + (-6).to_bytes(8, "little", signed=True)
+    torch.npu.set_rng_state(torch.tensor(list(state), dtype=torch.uint8))
+    out = torch_npu.npu_fusion_attention(q, q, q, 2, "BNSD", keep_prob=0.5)
+    assert (out[4], out[5]) == (-5, -6)
+    assert _state() == (2**64 - 5, 4)
+
+
 def test_dropout_keep_fraction_and_scaling():
     keep, res, probs = _keep_mask_from((2, 64, 64), 4, 0.8, 5)
     frac = keep.double().mean().item()
