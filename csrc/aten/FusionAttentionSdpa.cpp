@@ -1,15 +1,15 @@
-// npu_fusion_attention's common case (no pse, no dropout, no mask or a
-// top-left causal one) in C++: the same ATen ops, in the same order and
-// blocks, as op_plugin/attention/flash.py's sdpa_attention and layout.py's
-// Plan, so the results are bitwise those of the Python engine, without its
-// per-op Python cost. The forward is differentiated by autograd through the
-// CPU flash kernel's own derivative, as in the Python fast path.
+// npu_fusion_attention's common cases (no pse, no mask or a top-left causal
+// one; no dropout, or dropout on a small call) in C++: the same ATen ops, in
+// the same order and blocks, as op_plugin/attention/flash.py's
+// sdpa_attention / small_dropout_attention and layout.py's Plan, so the
+// results are bitwise those of the Python paths, without their per-op Python
+// cost. Autograd differentiates the forward through those ATen ops (the CPU
+// flash kernel's own derivative without dropout), as in the Python paths.
 #include "aten/FusionAttentionSdpa.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/CPUGeneratorImpl.h>
-#include <c10/util/irange.h>
 
 #include <algorithm>
 #include <cmath>
@@ -210,7 +210,8 @@ bool fusion_attention_small_dropout_applies(const at::Tensor& query, const at::T
                                             int64_t sparse_mode, int64_t chunk_elements,
                                             int64_t small_elements) {
   auto c = plain_call(query, key, value, head_num, input_layout, atten_mask, scale, sparse_mode);
-  return c && c->b * c->n * c->s1 * c->s2 <= small_elements &&            rows_per_block(chunk_elements, c->b, c->n, c->s1, c->s2) >= c->s1;
+  return c && c->b * c->n * c->s1 * c->s2 <= small_elements &&
+         rows_per_block(chunk_elements, c->b, c->n, c->s1, c->s2) >= c->s1;
 }
 
 FusionAttentionResult fusion_attention_small_dropout(const at::Tensor& query, const at::Tensor& key,

@@ -1,5 +1,5 @@
-// npu_fusion_attention's common case in C++ (op_plugin/attention/fusion.py
-// calls it first): the calls ATen's CPU flash kernel computes exactly.
+// npu_fusion_attention's common cases in C++ (op_plugin/attention/fusion.py
+// calls them first): the calls its Python fast paths take.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -14,8 +14,8 @@ namespace torch_npu::kernels {
 // nullopt when the call is not one this path takes (then the Python engine
 // runs it, and raises its errors): float32/float16/bfloat16 inputs of one
 // dtype, layout BSH/SBH/BSND/BNSD with consistent shapes, no atten_mask
-// (full attention) or sparse_mode 2 / 3 with S1 == S2 and scale > 0 (top-left causal),
-// non-empty sequences, Dv == D. The caller has already ruled out pse,
+// (full attention) or sparse_mode 2 / 3 with S1 == S2 and scale > 0
+// (top-left causal), non-empty sequences, Dv == D. The caller has already ruled out pse,
 // dropout, prefix, varlen lengths, padding_mask, sink and dropout_mask.
 // `chunk_elements` is flash.CHUNK_ELEMENTS (the row max's blocks).
 using FusionAttentionResult = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t>;
@@ -26,11 +26,12 @@ std::optional<FusionAttentionResult> fusion_attention_sdpa(const at::Tensor& que
                                                            double scale, int64_t sparse_mode,
                                                            int64_t chunk_elements);
 
-// The same calls with dropout (0 < keep_prob < 1), when small enough for one
-// block (at most `small_elements` logits, one row block of `chunk_elements`): whether this path takes
-// it, and flash.small_dropout_attention's formula op for op, with the keep mask
-// of dropout_mask.keep_rows for (seed, offset) (drawn by the caller between
-// the two calls, as the Python engine draws it after its checks).
+// The same calls with dropout (0 < keep_prob < 1) when small enough for one
+// block (at most `small_elements` logits, one row block of `chunk_elements`):
+// whether this path takes it, and flash.small_dropout_attention's formula op
+// for op, with dropout_mask.keep_rows's keep mask for (seed, offset). The
+// caller draws the pair between the two calls, as the Python engine draws it
+// after its checks, so a call this path refuses leaves the generator alone.
 bool fusion_attention_small_dropout_applies(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
                                             int64_t head_num, const std::string& input_layout,
                                             const std::optional<at::Tensor>& atten_mask, double scale,
