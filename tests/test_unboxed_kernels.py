@@ -125,3 +125,70 @@ def test_npu_results_come_from_the_device_pool():
     r = torch.exp(a)
     assert torch.npu.memory_allocated() >= before + 2 * 4096
     del r
+
+
+# index.Tensor: x[idx] with one 1-D integer index on dim 0 of a contiguous x runs as a row
+# gather (index_select) on npu; everything else runs CPU index itself. Either way the
+# result, its sizes and strides, and its errors are CPU index's.
+def _index_cases():
+    g = torch.Generator().manual_seed(1)
+    for shape in [(5,), (5, 3), (1, 1, 2), (4, 1, 3), (3, 2, 1, 4), (8, 256, 64)]:
+        for idx in ([0], [4, 0, 2, 2], [-1, 0], [0, 0, 0], []):
+            idx = [i % shape[0] if i >= 0 else i for i in idx]
+            for dtype in (torch.float32, torch.bfloat16, torch.int64, torch.bool):
+                for idtype in (torch.int64, torch.int32):
+                    x = (torch.randn(shape, generator=g) * 10).to(dtype)
+                    yield x, torch.tensor(idx, dtype=idtype)
+
+
+def _same(got, want):
+    assert got.device.type == "npu"
+    assert (got.dtype, got.shape, got.stride(), got.storage_offset()) == (
+        want.dtype, want.shape, want.stride(), want.storage_offset())
+    assert torch.equal(got.cpu().view(torch.uint8) if got.dtype == torch.bfloat16 else got.cpu(),
+                       want.view(torch.uint8) if want.dtype == torch.bfloat16 else want)
+
+
+def test_index_by_one_integer_tensor_is_the_cpu_result():
+    n = 0
+    for x, idx in _index_cases():
+        _same(x.npu()[idx.npu()], x[idx])
+        n += 1
+    assert n == 6 * 5 * 4 * 2
+
+
+def test_index_outside_the_row_gather_is_the_cpu_result():
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(4, 5, 6, generator=g)
+    i, j = torch.tensor([3, 0, 3]), torch.tensor([1, 4, 4])
+    cases = [
+        lambda t, i, j: t[:, i],                     # not dim 0
+        lambda t, i, j: t[i, j],                     # two indices
+        lambda t, i, j: t.transpose(0, 1)[j],        # non-contiguous self
+        lambda t, i, j: t[t[:, 0, 0] > 0],           # bool mask
+        lambda t, i, j: t[i.view(3, 1)],             # 2-D index
+        lambda t, i, j: t[i[:0]],                    # empty index: CPU index's own strides
+        lambda t, i, j: t[..., j],
+    ]
+    for f in cases:
+        _same(f(x.npu(), i.npu(), j.npu()), f(x, i, j))
+
+
+def test_index_errors_keep_the_cpu_texts():
+    x = torch.randn(4, 3)
+    for bad in ([4], [0, -5]):
+        with pytest.raises(IndexError) as cpu:
+            x[torch.tensor(bad)]
+        with pytest.raises(IndexError) as npu:
+            x.npu()[torch.tensor(bad).npu()]
+        assert str(npu.value).split("\n")[0] == str(cpu.value).split("\n")[0]
+
+
+def test_index_by_a_cpu_index_tensor_and_under_autograd():
+    x = torch.randn(6, 4, requires_grad=True)
+    idx = torch.tensor([5, 1, 1])
+    xn = x.detach().npu().requires_grad_()
+    _same(xn[idx].detach(), x[idx].detach())          # CPU indices with an npu self, as on CUDA
+    x[idx].sum().backward()
+    xn[idx.npu()].sum().backward()
+    assert torch.equal(xn.grad.cpu(), x.grad)

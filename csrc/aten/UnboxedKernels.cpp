@@ -138,6 +138,29 @@ struct Arg<at::ITensorListRef> {
   }
 };
 
+// Tensor?[] (index's indices): each defined element is read like a tensor.
+// The elements are read in place, from the list's IValues: reading a List
+// element by value yields a copy, whose address (the alias key) would die.
+template <>
+struct Arg<c10::List<std::optional<at::Tensor>>> {
+  using List = c10::List<std::optional<at::Tensor>>;
+  static c10::ArrayRef<c10::IValue> elements(const List& list) { return c10::IValue(list).toListRef(); }
+  static bool accepts(Call& c, const List& list, bool) {
+    for (const c10::IValue& e : elements(list)) {
+      if (e.isTensor() && !c.accepts(e.toTensor(), false)) return false;
+    }
+    return true;
+  }
+  static List to_cpu(Call& c, const List& list) {
+    List out;
+    out.reserve(list.size());
+    for (const c10::IValue& e : elements(list)) {
+      out.push_back(e.isTensor() ? std::optional<at::Tensor>(c.alias(e.toTensor())) : std::nullopt);
+    }
+    return out;
+  }
+};
+
 template <class A>
 constexpr bool kWritten = std::is_same_v<A, at::Tensor&>;
 
@@ -161,6 +184,41 @@ struct Result<std::tuple<Ts...>> {
   }
 };
 
+constexpr c10::DispatchKeySet kCpu(c10::DispatchKey::CPU);
+
+// The CPU kernel an op's aliases go to: the op's own, unless an equivalent
+// CPU kernel computes the same bits faster.
+template <class Op>
+struct CpuKernel {
+  template <class... A>
+  static decltype(auto) run(A&... a) {
+    return Op::redispatch(kCpu, a...);
+  }
+};
+
+// x[idx] with one non-empty 1-D integer index on dim 0 of a contiguous x is
+// a row gather: index_select copies whole rows, where CPU index goes element
+// by element (3x slower on MoE decoding's expert-weight gathers). A copy has
+// no arithmetic, and for these arguments the result's sizes and strides are
+// index's (contiguous); anything index_select refuses (a negative index, one
+// out of range) goes to index itself, which accepts or raises its own error.
+template <>
+struct CpuKernel<at::_ops::index_Tensor> {
+  static at::Tensor run(const at::Tensor& self, const c10::List<std::optional<at::Tensor>>& indices) {
+    if (indices.size() == 1 && self.dim() >= 1 && self.is_contiguous()) {
+      const std::optional<at::Tensor> idx = indices.get(0);
+      if (idx.has_value() && idx->defined() && idx->dim() == 1 && idx->numel() > 0 &&
+          (idx->scalar_type() == at::kLong || idx->scalar_type() == at::kInt)) {
+        try {
+          return at::_ops::index_select::redispatch(kCpu, self, 0, *idx);
+        } catch (const c10::Error&) {
+        }
+      }
+    }
+    return at::_ops::index_Tensor::redispatch(kCpu, self, indices);
+  }
+};
+
 template <class Op, class Schema = typename Op::schema>
 struct Unboxed;
 
@@ -180,19 +238,18 @@ struct Unboxed<Op, Ret(Args...)> {
     }
     auto cpu_args = std::tuple<decltype(Arg<std::decay_t<Args>>::to_cpu(c, args))...>(
         Arg<std::decay_t<Args>>::to_cpu(c, args)...);
-    constexpr c10::DispatchKeySet kCpu(c10::DispatchKey::CPU);
     if constexpr (std::is_same_v<Ret, at::Tensor&>) {
       // in-place: the CPU kernel writes through the alias of self; self is returned
       {
         KernelScope scope(op(), c.device);
-        std::apply([&](auto&... a) { Op::redispatch(kCpu, a...); }, cpu_args);
+        std::apply([&](auto&... a) { CpuKernel<Op>::run(a...); }, cpu_args);
       }
       return std::get<0>(std::forward_as_tuple(args...));
     } else {
       std::decay_t<Ret> r;
       {
         KernelScope scope(op(), c.device);
-        r = std::apply([&](auto&... a) { return Op::redispatch(kCpu, a...); }, cpu_args);
+        r = std::apply([&](auto&... a) { return CpuKernel<Op>::run(a...); }, cpu_args);
       }
       return Result<std::decay_t<Ret>>::map(c, std::move(r));
     }
@@ -274,6 +331,7 @@ const Entry kEntries[] = {
     NPU_UNBOXED("zero_", zero_),
     NPU_UNBOXED("cat", cat),
     NPU_UNBOXED("index_select", index_select),
+    NPU_UNBOXED("index.Tensor", index_Tensor),
     NPU_UNBOXED("_softmax", _softmax),
     NPU_UNBOXED("_log_softmax", _log_softmax),
     NPU_UNBOXED("native_layer_norm", native_layer_norm),
