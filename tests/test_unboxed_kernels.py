@@ -192,3 +192,48 @@ def test_index_by_a_cpu_index_tensor_and_under_autograd():
     x[idx].sum().backward()
     xn[idx.npu()].sum().backward()
     assert torch.equal(xn.grad.cpu(), x.grad)
+
+
+# The CPU aliases of unboxed calls are reused from a per-thread pool (CpuAlias.cpp). A reused
+# alias must behave as a new one: across inference mode (whose tensors have no autograd keys),
+# across threads, and for two arguments sharing one storage.
+def _mixed_ops(a, b):
+    return [a + b, (a * b).sum(0), torch.cat([a, b[:1]]), a[torch.tensor([2, 0], device=a.device)],
+            torch.where(a > b, a, b), a.clone().add_(b[0]), a @ b.t(), torch.softmax(a, -1)]
+
+
+def test_pooled_aliases_across_inference_mode_threads_and_shared_storage():
+    import threading
+    g = torch.Generator().manual_seed(3)
+    a, b = torch.randn(4, 6, generator=g), torch.randn(4, 6, generator=g)
+    an, bn = a.npu(), b.npu()
+    for mode in (False, True, False, True):
+        with torch.inference_mode(mode):
+            for got, want in zip(_mixed_ops(an, bn), _mixed_ops(a, b)):
+                assert got.is_inference() == want.is_inference() == mode
+                assert torch.equal(got.cpu(), want)
+    # two views of one storage as two arguments: the kernel still sees them overlap
+    with pytest.raises(RuntimeError) as cpu:
+        a.view(-1)[1:5].add_(a.view(-1)[0:4])
+    with pytest.raises(RuntimeError) as npu:
+        an.view(-1)[1:5].add_(an.view(-1)[0:4])
+    assert str(npu.value) == str(cpu.value)
+    errors = []
+
+    def worker(seed):
+        try:
+            gg = torch.Generator().manual_seed(seed)
+            x, y = torch.randn(4, 6, generator=gg), torch.randn(4, 6, generator=gg)
+            xn, yn = x.npu(), y.npu()
+            for _ in range(50):
+                for got, want in zip(_mixed_ops(xn, yn), _mixed_ops(x, y)):
+                    assert torch.equal(got.cpu(), want)
+        except Exception as e:  # reported below, with the thread's seed
+            errors.append((seed, repr(e)))
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []

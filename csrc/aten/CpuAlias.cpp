@@ -2,8 +2,10 @@
 // of kernel results as npu tensors.
 #include <ATen/EmptyTensor.h>
 #include <cstring>
+#include <vector>
 #include <ATen/core/Tensor.h>
 #include <c10/core/CPUAllocator.h>
+#include <c10/core/InferenceMode.h>
 #include <c10/core/StorageImpl.h>
 #include <c10/core/TensorImpl.h>
 
@@ -73,6 +75,60 @@ at::Tensor cpu_alias(const at::Tensor& t, c10::Storage storage) {
   if (impl->is_conj()) a->_set_conj(true);
   if (impl->is_neg()) a->_set_neg(true);
   return alias;
+}
+
+namespace {
+// Alias TensorImpls (each with its own alias StorageImpl) that unboxed calls
+// gave back, for the next calls on this thread: an op then builds no
+// TensorImpl, StorageImpl or version counter per argument, and frees none.
+constexpr size_t kAliasPoolSize = 8;
+thread_local AliasPool tls_alias_pool;
+}  // namespace
+
+AliasPool& this_thread_alias_pool() { return tls_alias_pool; }
+
+at::Tensor pooled_cpu_alias(AliasPool& pool, const at::Tensor& t, c10::Storage& storage) {
+  const c10::TensorImpl* src = t.unsafeGetTensorImpl();
+  // A TensorImpl's autograd keys follow inference mode at its creation: a
+  // pooled one is used only in the mode it was made in, as a new one would be.
+  if (pool.empty() || pool.back()->is_inference() != c10::InferenceMode::is_enabled()) {
+    if (!storage) storage = alias_storage(src->unsafe_storage());
+    return cpu_alias(t, storage);
+  }
+  c10::intrusive_ptr<c10::TensorImpl> impl = std::move(pool.back());
+  pool.pop_back();
+  if (!storage) {
+    const c10::Storage& npu = src->unsafe_storage();
+    c10::StorageImpl* own = impl->unsafe_storage().unsafeGetStorageImpl();
+    own->set_data_ptr_noswap(
+        c10::DataPtr(const_cast<void*>(npu.data()), nullptr, &noop_delete, c10::Device(c10::DeviceType::CPU)));
+    own->set_nbytes(npu.sym_nbytes());
+    storage = impl->unsafe_storage();
+  }
+  impl->set_storage_and_dtype(storage, t.dtype());
+  impl->set_sizes_and_strides(src->sizes(), src->strides(), src->storage_offset());
+  impl->_set_conj(src->is_conj());
+  impl->_set_neg(src->is_neg());
+  return at::Tensor(std::move(impl));
+}
+
+void recycle_cpu_alias(AliasPool& pool, at::Tensor&& alias) {
+  if (!alias.defined() || pool.size() >= kAliasPoolSize) return;
+  // Only what nothing else holds or changed: the one reference, no weak
+  // ones, no Python key, and its own storage still the plain alias of
+  // device memory (not resized or replaced by the kernel).
+  c10::TensorImpl* impl = alias.unsafeGetTensorImpl();
+  if (alias.use_count() != 1 || alias.weak_use_count() != 1) return;
+  if (impl->key_set().has(c10::DispatchKey::Python) || !impl->allow_tensor_metadata_change() ||
+      !impl->has_storage() || impl->device_type() != c10::DeviceType::CPU) {
+    return;
+  }
+  c10::StorageImpl* s = impl->unsafe_storage().unsafeGetStorageImpl();
+  if (impl->unsafe_storage().use_count() != 1 || s->data_ptr().get_deleter() != &noop_delete ||
+      s->allocator() != &g_redirect || !s->resizable()) {
+    return;
+  }
+  pool.push_back(alias.unsafeReleaseIntrusivePtr());
 }
 
 at::Tensor cpu_alias(const at::Tensor& t) {

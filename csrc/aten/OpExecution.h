@@ -13,6 +13,7 @@
 
 #include <string>
 #include <unordered_set>
+#include <vector>
 
 namespace torch_npu::exec {
 
@@ -39,6 +40,17 @@ at::Tensor cpu_alias(const at::Tensor& t);
 // kernels see them as aliases (memory-overlap checks, is_alias_of).
 c10::Storage alias_storage(const c10::Storage& npu_storage);
 at::Tensor cpu_alias(const at::Tensor& t, c10::Storage storage);
+// A thread's aliases given back by finished calls, for reuse (a thread-local
+// is looked up once per call: in a dlopen'ed library each lookup is a call).
+using AliasPool = std::vector<c10::intrusive_ptr<c10::TensorImpl>>;
+AliasPool& this_thread_alias_pool();
+// cpu_alias from the pool (a new one when it is empty). `storage` is the
+// call's alias of t's npu storage; when empty, one is made (or the pooled
+// alias's own one is pointed at t's memory) and returned through it.
+at::Tensor pooled_cpu_alias(AliasPool& pool, const at::Tensor& t, c10::Storage& storage);
+// Gives an alias back to the pool when nothing else holds it and the kernel
+// left it a plain alias; otherwise it is simply released.
+void recycle_cpu_alias(AliasPool& pool, at::Tensor&& alias);
 // An npu tensor on `device` for a CPU tensor produced inside a
 // DeviceMemoryScope(device); zero-copy when the memory came from the pool.
 at::Tensor adopt_result(const at::Tensor& cpu_result, int device);

@@ -38,6 +38,7 @@ struct Call {
   // outlive the call.
   c10::SmallVector<std::pair<const at::Tensor*, at::Tensor>, 4> aliases;
   c10::SmallVector<std::pair<c10::StorageImpl*, c10::Storage>, 4> storages;
+  AliasPool* pool = nullptr;
 
   bool accepts(const at::Tensor& t, bool written) {
     if (!t.defined()) return true;
@@ -64,13 +65,20 @@ struct Call {
     for (auto& s : storages) {
       if (s.first == npu) shared = s.second;
     }
-    if (!shared) {
-      shared = alias_storage(impl->unsafe_storage());
-      storages.emplace_back(npu, shared);
-    }
-    at::Tensor a = cpu_alias(t, std::move(shared));
+    const bool made = !shared;
+    if (pool == nullptr) pool = &this_thread_alias_pool();
+    at::Tensor a = pooled_cpu_alias(*pool, t, shared);
+    if (made) storages.emplace_back(npu, std::move(shared));
     aliases.emplace_back(&t, a);
     return a;
+  }
+
+  // The aliases go back to the thread's pool (the call's other references
+  // to them, its argument tuple and results, are gone by now).
+  ~Call() {
+    if (pool == nullptr) return;
+    storages.clear();
+    for (auto& a : aliases) recycle_cpu_alias(*pool, std::move(a.second));
   }
 
   // A CPU kernel result as an npu tensor: an argument returned as is is that
