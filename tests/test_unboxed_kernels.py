@@ -199,7 +199,10 @@ def test_index_by_a_cpu_index_tensor_and_under_autograd():
 # across threads, and for two arguments sharing one storage.
 def _mixed_ops(a, b):
     return [a + b, (a * b).sum(0), torch.cat([a, b[:1]]), a[torch.tensor([2, 0], device=a.device)],
-            torch.where(a > b, a, b), a.clone().add_(b[0]), a @ b.t(), torch.softmax(a, -1)]
+            torch.where(a > b, a, b), a.clone().add_(b[0]), a @ b.t(), torch.softmax(a, -1),
+            # same sizes, other strides; same sizes and strides, other offsets (a reused alias
+            # keeps its geometry only when it matches)
+            a[:, :4] + a[:, :4].t(), a[1:] * a[:-1], a[:, 1:] - a[:, :-1]]
 
 
 def test_pooled_aliases_across_inference_mode_threads_and_shared_storage():
@@ -212,6 +215,14 @@ def test_pooled_aliases_across_inference_mode_threads_and_shared_storage():
             for got, want in zip(_mixed_ops(an, bn), _mixed_ops(a, b)):
                 assert got.is_inference() == want.is_inference() == mode
                 assert torch.equal(got.cpu(), want)
+    # a reused alias takes each argument's own offset and strides: one-argument calls (their
+    # alias goes back to the pool, last in, first out) on views alike but for offset or strides
+    sq, sqn = a[:, :4], an[:, :4]
+    for _ in range(3):
+        assert torch.equal(an[1:].neg().cpu(), a[1:].neg())
+        assert torch.equal(an[:-1].neg().cpu(), a[:-1].neg())
+        assert torch.equal(sqn.exp().cpu(), sq.exp())
+        assert torch.equal(sqn.t().exp().cpu(), sq.t().exp())
     # two views of one storage as two arguments: the kernel still sees them overlap
     with pytest.raises(RuntimeError) as cpu:
         a.view(-1)[1:5].add_(a.view(-1)[0:4])

@@ -105,8 +105,15 @@ at::Tensor pooled_cpu_alias(AliasPool& pool, const at::Tensor& t, c10::Storage& 
     own->set_nbytes(npu.sym_nbytes());
     storage = impl->unsafe_storage();
   }
+  // Loops call ops on one shape after another: the pooled alias often has
+  // the sizes and strides already, and then its contiguity flags too.
+  const bool same_geometry = impl->sizes().equals(src->sizes()) && impl->strides().equals(src->strides());
   impl->set_storage_and_dtype(storage, t.dtype());
-  impl->set_sizes_and_strides(src->sizes(), src->strides(), src->storage_offset());
+  if (same_geometry) {
+    impl->set_storage_offset(src->storage_offset());
+  } else {
+    impl->set_sizes_and_strides(src->sizes(), src->strides(), src->storage_offset());
+  }
   impl->_set_conj(src->is_conj());
   impl->_set_neg(src->is_neg());
   return at::Tensor(std::move(impl));
