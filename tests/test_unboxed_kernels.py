@@ -127,6 +127,30 @@ def test_npu_results_come_from_the_device_pool():
     del r
 
 
+def test_a_result_relabelled_in_place_is_an_npu_tensor_through_and_through():
+    # a fresh result's TensorImpl and storage become the npu tensor's (CpuAlias.cpp,
+    # adopt_result_in_place): its storage is on the npu, grows from the device pool,
+    # and goes back to the pool when freed
+    def block(nbytes):  # torch_npu pads a request by 32 bytes, then rounds it up to 512
+        return (nbytes + 32 + 511) // 512 * 512
+
+    import gc
+    gc.collect()                         # earlier tests' garbage must not be freed mid-count
+    torch.npu.synchronize()
+    a = torch.randn(1024).npu()
+    base = torch.npu.memory_allocated()
+    r = a + 1
+    st = r.untyped_storage()
+    assert r.device == st.device == torch.device("npu", 0)
+    assert torch.npu.memory_allocated() == base + block(4096)
+    r.resize_(4096)                      # regrows through the storage's allocator: the pool
+    assert r.untyped_storage().device.type == "npu"
+    assert torch.npu.memory_allocated() == base + block(4 * 4096)
+    assert torch.equal(r[:1024].cpu(), a.cpu() + 1)
+    del r, st
+    assert torch.npu.memory_allocated() == base
+
+
 # index.Tensor: x[idx] with one 1-D integer index on dim 0 of a contiguous x runs as a row
 # gather (index_select) on npu; everything else runs CPU index itself. Either way the
 # result, its sizes and strides, and its errors are CPU index's.

@@ -206,7 +206,19 @@ at::Tensor adopt_result_in_place(at::Tensor r, int device) {
                      !impl->key_set().has(c10::DispatchKey::Python) &&
                      impl->allow_tensor_metadata_change() && impl->has_storage();
   if (!plain) return adopt_result(r, device);
-  impl->set_storage_keep_dtype(adopt_storage(impl->unsafe_storage().unsafeGetStorageImpl(), device));
+  c10::StorageImpl* s = impl->unsafe_storage().unsafeGetStorageImpl();
+  if (impl->unsafe_storage().use_count() == 1 && s->data_ptr().get_deleter() == allocator::deleter()) {
+    // Its storage is its own and pool memory: relabelled in place too (what
+    // adopt_storage would build: the same DataPtr on the npu, the pool's
+    // allocator, resizable), and the TensorImpl takes the storage's device.
+    s->_mutable_data_ptr_no_checks().unsafe_set_device(
+        c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(device)));
+    s->set_allocator(allocator::get());
+    s->set_resizable(true);
+    impl->set_storage_keep_dtype(impl->storage());
+  } else {
+    impl->set_storage_keep_dtype(adopt_storage(s, device));
+  }
   impl->_change_backend_component_keys(c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(device)));
   return r;
 }
