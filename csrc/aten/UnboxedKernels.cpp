@@ -40,7 +40,9 @@ struct Call {
   c10::SmallVector<std::pair<c10::StorageImpl*, c10::Storage>, 4> storages;
   AliasPool* pool = nullptr;
 
-  bool accepts(const at::Tensor& t, bool written) {
+  // Out of line (as are alias, result and the destructor): one copy of the
+  // shared work, not one per op's kernel, keeps the hot code small.
+  C10_NOINLINE bool accepts(const at::Tensor& t, bool written) {
     if (!t.defined()) return true;
     const at::Device d = t.device();
     if (d.type() == c10::DeviceType::PrivateUse1) {
@@ -54,7 +56,7 @@ struct Call {
     return !written && d.is_cpu() && t.dim() == 0;
   }
 
-  at::Tensor alias(const at::Tensor& t) {
+  C10_NOINLINE at::Tensor alias(const at::Tensor& t) {
     if (!t.defined() || t.device().type() != c10::DeviceType::PrivateUse1) return t;
     const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
     for (auto& a : aliases) {
@@ -75,7 +77,7 @@ struct Call {
 
   // The aliases go back to the thread's pool (the call's other references
   // to them, its argument tuple and results, are gone by now).
-  ~Call() {
+  C10_NOINLINE ~Call() {
     if (pool == nullptr) return;
     storages.clear();
     for (auto& a : aliases) recycle_cpu_alias(*pool, std::move(a.second));
@@ -84,7 +86,7 @@ struct Call {
   // A CPU kernel result as an npu tensor: an argument returned as is is that
   // argument; a view of an argument's memory is a view of its npu storage;
   // anything else is adopted from the device pool.
-  at::Tensor result(at::Tensor r) {
+  C10_NOINLINE at::Tensor result(at::Tensor r) {
     if (!r.defined() || !r.is_cpu()) return r;
     const c10::TensorImpl* ri = r.unsafeGetTensorImpl();
     for (auto& a : aliases) {
@@ -237,13 +239,17 @@ struct Unboxed<Op, Ret(Args...)> {
     return handle;
   }
 
+  // The boxed kernel, for calls the fast path does not take; out of line, so
+  // that its argument boxing does not sit in the hot code.
+  static C10_NOINLINE Ret boxed(c10::DispatchKeySet ks, Args... args) {
+    return c10::impl::BoxedKernelWrapper<Ret(Args...)>::call(c10::BoxedKernel::makeFromFunction<&npu_cpu_kernel>(),
+                                                             op(), ks, std::forward<Args>(args)...);
+  }
+
   static Ret call(c10::DispatchKeySet ks, Args... args) {
     Call c;
     const bool fast = (Arg<std::decay_t<Args>>::accepts(c, args, kWritten<Args>) && ...) && c.device >= 0;
-    if (!fast) {
-      return c10::impl::BoxedKernelWrapper<Ret(Args...)>::call(c10::BoxedKernel::makeFromFunction<&npu_cpu_kernel>(),
-                                                               op(), ks, std::forward<Args>(args)...);
-    }
+    if (C10_UNLIKELY(!fast)) return boxed(ks, std::forward<Args>(args)...);
     auto cpu_args = std::tuple<decltype(Arg<std::decay_t<Args>>::to_cpu(c, args))...>(
         Arg<std::decay_t<Args>>::to_cpu(c, args)...);
     if constexpr (std::is_same_v<Ret, at::Tensor&>) {
