@@ -192,6 +192,7 @@ def test_index_outside_the_row_gather_is_the_cpu_result():
         lambda t, i, j: t[t[:, 0, 0] > 0],           # bool mask
         lambda t, i, j: t[i.view(3, 1)],             # 2-D index
         lambda t, i, j: t[i[:0]],                    # empty index: CPU index's own strides
+        lambda t, i, j: t.new_zeros(4, 0, 1)[i],     # empty x: CPU index's own strides
         lambda t, i, j: t[..., j],
     ]
     for f in cases:

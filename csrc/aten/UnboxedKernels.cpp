@@ -206,16 +206,17 @@ struct CpuKernel {
   }
 };
 
-// x[idx] with one non-empty 1-D integer index on dim 0 of a contiguous x is
-// a row gather: index_select copies whole rows, where CPU index goes element
-// by element (3x slower on MoE decoding's expert-weight gathers). A copy has
-// no arithmetic, and for these arguments the result's sizes and strides are
-// index's (contiguous); anything index_select refuses (a negative index, one
-// out of range) goes to index itself, which accepts or raises its own error.
+// x[idx] with one non-empty 1-D integer index on dim 0 of a contiguous,
+// non-empty x is a row gather: index_select copies whole rows, where CPU
+// index goes element by element (3x slower on MoE decoding's expert-weight
+// gathers). A copy has no arithmetic, and for these arguments the result's
+// sizes and strides are index's (contiguous; an empty x or index is where
+// they differ); anything index_select refuses (a negative index, one out of
+// range) goes to index itself, which accepts or raises its own error.
 template <>
 struct CpuKernel<at::_ops::index_Tensor> {
   static at::Tensor run(const at::Tensor& self, const c10::List<std::optional<at::Tensor>>& indices) {
-    if (indices.size() == 1 && self.dim() >= 1 && self.is_contiguous()) {
+    if (indices.size() == 1 && self.dim() >= 1 && self.numel() > 0 && self.is_contiguous()) {
       const std::optional<at::Tensor> idx = indices.get(0);
       if (idx.has_value() && idx->defined() && idx->dim() == 1 && idx->numel() > 0 &&
           (idx->scalar_type() == at::kLong || idx->scalar_type() == at::kInt)) {
