@@ -225,8 +225,8 @@ def test_index_by_a_cpu_index_tensor_and_under_autograd():
 def _mixed_ops(a, b):
     return [a + b, (a * b).sum(0), torch.cat([a, b[:1]]), a[torch.tensor([2, 0], device=a.device)],
             torch.where(a > b, a, b), a.clone().add_(b[0]), a @ b.t(), torch.softmax(a, -1),
-            # same sizes, other strides; same sizes and strides, other offsets (a reused alias
-            # keeps its geometry only when it matches)
+            # two views of one storage as the two arguments: one shared alias storage, whose
+            # aliases do not go back to the pool
             a[:, :4] + a[:, :4].t(), a[1:] * a[:-1], a[:, 1:] - a[:, :-1]]
 
 
