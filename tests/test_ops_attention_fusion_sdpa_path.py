@@ -225,3 +225,93 @@ def test_causal_with_a_nonpositive_scale_is_right(scale):
     torch.testing.assert_close(ssum[..., 0].cpu().double(), ref_sum.detach(), rtol=1e-4, atol=1e-4)
     for got, ref in ((qs, q64), (ks, k64), (vs, v64)):
         torch.testing.assert_close(got.grad.cpu().double(), ref.grad, rtol=1e-4, atol=1e-4)
+
+
+def _python_kernel_entries(monkeypatch):
+    """A list that grows each time npu_fusion_attention's Python kernel runs: every path
+    through it calls fusion._plain (the fast-path check) or fusion.reject_given (before
+    the engine), and nothing else calls them."""
+    from torch_npu.op_plugin.attention import fusion
+    entries, plain, reject = [], fusion._plain, fusion.reject_given
+    monkeypatch.setattr(fusion, "_plain", lambda *t: entries.append("plain") or plain(*t))
+    monkeypatch.setattr(fusion, "reject_given", lambda *a, **kw: entries.append("reject") or reject(*a, **kw))
+    return entries
+
+
+@pytest.mark.parametrize("device", ["cpu", "npu"])
+def test_the_common_call_without_dropout_skips_the_python_kernel(monkeypatch, device):
+    # The op's C++ kernel at AutogradCPU / AutogradPrivateUse1 takes it (no per-call Python);
+    # under inference mode (no Autograd keys) the Python kernel runs the same C++ path.
+    # Both give the same bits.
+    entries = _python_kernel_entries(monkeypatch)
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 9, n, 8, generator=gen).to(device).requires_grad_() for n in (4, 2, 2))
+    mask = TEMPLATE.to(device)
+    got = torch_npu.npu_fusion_attention(q, k, v, 4, "BSND", atten_mask=mask, scale=0.3, sparse_mode=3)
+    assert entries == [] and got[0].grad_fn is not None
+    with torch.inference_mode():
+        inf = torch_npu.npu_fusion_attention(q, k, v, 4, "BSND", atten_mask=mask, scale=0.3, sparse_mode=3)
+    assert entries == ["plain"]
+    assert got[4:] == inf[4:] == (0, 0, 2 * 4 * 9 * 9)
+    for a, b in zip(got[:4], inf[:4]):
+        assert a.device.type == device and torch.equal(a.detach().cpu(), b.cpu())
+
+
+def test_every_other_call_reaches_the_python_kernel(monkeypatch):
+    entries = _python_kernel_entries(monkeypatch)
+    q, k, v = (torch.randn(1, 2, 6, 4).npu() for _ in range(3))
+
+    def entered(*args, **kw):
+        entries.clear()
+        torch_npu.npu_fusion_attention(*args, **kw)
+        return bool(entries)
+
+    assert not entered(q, k, v, 2, "BNSD", scale=0.5)
+    assert entered(q, k, v, 2, "BNSD", keep_prob=0.9)                              # dropout
+    assert entered(q, k, v, 2, "BNSD", pse=torch.randn(1, 2, 6, 6).npu())
+    assert entered(q, k, v, 2, "BNSD", atten_mask=torch.rand(6, 6).npu() > 0.5)    # a mask SDPA cannot express
+    assert entered(q, k, v, 2, "BNSD", prefix=[1])
+    # argument errors are the Python engine's, with its text
+    entries.clear()
+    with pytest.raises(RuntimeError, match="npu_fusion_attention"):
+        torch_npu.npu_fusion_attention(q, k, v, 3, "BNSD")
+    assert entries
+    # FakeTensors (torch.compile's tracing) carry the Python key: the Python kernel
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    mask = TEMPLATE.npu()
+    entries.clear()
+    with FakeTensorMode() as mode:
+        fq, fk, fv, fm = (mode.from_tensor(t) for t in (q, k, v, mask))
+        out, smax = torch_npu.npu_fusion_attention(fq, fk, fv, 2, "BNSD", atten_mask=fm, sparse_mode=2)[:2]
+    assert entries
+    assert out.shape == q.shape and smax.shape == (1, 2, 6, 8) and out.device.type == "npu"
+
+
+def test_the_cpp_kernel_reads_the_patched_chunk_size(monkeypatch):
+    # flash.CHUNK_ELEMENTS sets the row max's row blocks (one amax each); Python owns it and
+    # the C++ kernel reads it at each call
+    from torch_npu.op_plugin.attention import flash
+    entries = _python_kernel_entries(monkeypatch)
+    q, k, v = (torch.randn(1, 2, 40, 8).npu().requires_grad_() for _ in range(3))
+
+    def row_blocks():
+        ops = _Counts()
+        with ops:
+            out = torch_npu.npu_fusion_attention(q, k, v, 2, "BNSD", scale=0.3)[1]
+        return ops.counts.get("aten.amax.default", 0), out
+
+    whole, smax_whole = row_blocks()
+    monkeypatch.setattr(flash, "CHUNK_ELEMENTS", 16 * 2 * 40)  # 16 rows of logits at a time
+    blocks, smax_blocks = row_blocks()
+    assert entries == [] and (whole, blocks) == (1, 3)
+    torch.testing.assert_close(smax_blocks, smax_whole, rtol=0, atol=0)
+
+
+class _Counts(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.counts = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.counts[str(func)] = self.counts.get(str(func), 0) + 1
+        return func(*args, **(kwargs or {}))

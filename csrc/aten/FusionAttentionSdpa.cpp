@@ -8,8 +8,12 @@
 #include "aten/FusionAttentionSdpa.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <torch/library.h>
+
+#include <atomic>
 
 #include <algorithm>
 #include <cmath>
@@ -246,6 +250,76 @@ FusionAttentionResult fusion_attention_small_dropout(const at::Tensor& query, co
   }
   at::Tensor result = from_bnsd(out, c->layout).to(query.scalar_type());
   return FusionAttentionResult{result, smax, ssum, query.new_empty({0}), b * n * s1 * s2};
+}
+
+namespace {
+
+std::atomic<int64_t (*)()> chunk_elements_reader{nullptr};
+
+// The Python kernel's _plain: a plain eager tensor (no FakeTensor / FunctionalTensor or other
+// Python subclass with a dispatch key, whose symbolic sizes this path cannot read).
+bool plain(const at::Tensor& t) {
+  return !t.key_set().has(c10::DispatchKey::Python) && !t.unsafeGetTensorImpl()->has_symbolic_sizes_strides();
+}
+
+// The schema's argument positions (npu_fusion_attention(query, key, value, head_num,
+// input_layout, pse, padding_mask, atten_mask, scale, keep_prob, pre_tockens, next_tockens,
+// inner_precise, prefix, actual_seq_qlen, actual_seq_kvlen, sparse_mode, gen_mask_parallel,
+// sync, softmax_layout, sink, dropout_mask, seed, offset)).
+constexpr size_t kArgs = 24;
+enum Arg : size_t {
+  kQuery = 0, kKey = 1, kValue = 2, kHeadNum = 3, kLayout = 4, kPse = 5, kPaddingMask = 6, kAttenMask = 7,
+  kScale = 8, kKeepProb = 9, kPrefix = 13, kSeqQ = 14, kSeqKv = 15, kSparseMode = 16, kSink = 20, kDropoutMask = 21,
+};
+
+// npu::npu_fusion_attention at the Autograd keys of CPU and npu: the common case without dropout (no pse, no mask or a top-left causal one; see fusion_attention_sdpa)
+// runs here without the Python kernel's per-call cost (boxing two dozen arguments into
+// Python and back); every other call, and every argument error, goes to the Python
+// CompositeImplicitAutograd kernel exactly as if this kernel did not exist. The op keeps no
+// backend-key kernel (the registry's rule for emulated ops), so under inference mode, which
+// skips the Autograd keys, the Python kernel runs it (it then calls fusion_attention_sdpa).
+void fusion_attention_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  auto args = torch::jit::last(*stack, kArgs);
+  const auto tensor = [&](size_t i) -> const at::Tensor* {
+    const c10::IValue& a = args[i];
+    return a.isTensor() && plain(a.toTensor()) ? &a.toTensor() : nullptr;
+  };
+  const at::Tensor* q = tensor(kQuery);
+  const at::Tensor* k = tensor(kKey);
+  const at::Tensor* v = tensor(kValue);
+  const c10::IValue& mask = args[kAttenMask];
+  auto reader = chunk_elements_reader.load(std::memory_order_acquire);
+  if (q && k && v && reader && args[kPse].isNone() && args[kPaddingMask].isNone() && args[kPrefix].isNone() &&
+      args[kSeqQ].isNone() && args[kSeqKv].isNone() && args[kSink].isNone() && args[kDropoutMask].isNone() &&
+      args[kKeepProb].isDouble() && args[kKeepProb].toDouble() == 1.0 && args[kHeadNum].isInt() &&
+      args[kScale].isDouble() && args[kSparseMode].isInt() && args[kLayout].isString() &&
+      (mask.isNone() || tensor(kAttenMask))) {
+    std::optional<at::Tensor> atten_mask;
+    if (!mask.isNone()) atten_mask = mask.toTensor();
+    auto r = fusion_attention_sdpa(*q, *k, *v, args[kHeadNum].toInt(), args[kLayout].toStringRef(), atten_mask,
+                                   args[kScale].toDouble(), args[kSparseMode].toInt(), reader());
+    if (r) {
+      auto& [out, smax, ssum, softmax_out, numels] = *r;
+      torch::jit::drop(*stack, kArgs);
+      torch::jit::push(*stack, std::move(out), std::move(smax), std::move(ssum), std::move(softmax_out),
+                       int64_t{0}, int64_t{0}, numels);
+      return;
+    }
+  }
+  op.callBoxedForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd, *stack);
+}
+
+}  // namespace
+
+void set_chunk_elements_reader(int64_t (*reader)()) {
+  chunk_elements_reader.store(reader, std::memory_order_release);
+}
+
+TORCH_LIBRARY_IMPL(npu, AutogradCPU, m) {
+  m.impl("npu_fusion_attention", torch::CppFunction::makeFromBoxedFunction<&fusion_attention_kernel>());
+}
+TORCH_LIBRARY_IMPL(npu, AutogradPrivateUse1, m) {
+  m.impl("npu_fusion_attention", torch::CppFunction::makeFromBoxedFunction<&fusion_attention_kernel>());
 }
 
 }  // namespace torch_npu::kernels

@@ -44,4 +44,12 @@ FusionAttentionResult fusion_attention_small_dropout(const at::Tensor& query, co
                                                      int64_t sparse_mode, double keep_prob, int64_t seed,
                                                      int64_t offset);
 
+// npu::npu_fusion_attention's C++ kernel (registered here at AutogradCPU and
+// AutogradPrivateUse1) takes fusion_attention_sdpa's calls with
+// keep_prob == 1 before the Python kernel runs. It reads flash.CHUNK_ELEMENTS through
+// `reader`, which the Python layer installs (tests patch that attribute); until then
+// every call goes to the Python kernel.
+void set_chunk_elements_reader(int64_t (*reader)());
+
 }  // namespace torch_npu::kernels
+

@@ -170,7 +170,9 @@ def npu_fusion_attention(query, key, value, head_num, input_layout, pse=None, pa
         # the common cases (no pse, no mask or a causal one; no dropout, or dropout on a small
         # call) in C++ (aten/FusionAttentionSdpa.cpp): the same ATen ops as the Python fast
         # paths (_one_block_attention), without their per-op Python cost. Anything else, and
-        # every argument error, is the Python engine's.
+        # every argument error, is the Python engine's. (Without dropout, the op's C++
+        # kernel at the Autograd keys takes such calls before this kernel runs; they reach
+        # here under inference mode.)
         C = torch_npu._C
         if keep_prob == 1:
             fast = C._npu_fusion_attention_sdpa(query, key, value, head_num, input_layout, atten_mask, scale,
