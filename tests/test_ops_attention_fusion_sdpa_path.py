@@ -315,3 +315,84 @@ class _Counts(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.counts[str(func)] = self.counts.get(str(func), 0) + 1
         return func(*args, **(kwargs or {}))
+
+
+def _bsnd(seed, n_kv=2, s=9):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(2, s, n, 8, generator=gen).npu().requires_grad_() for n in (4, n_kv, n_kv)]
+
+
+def _attend(q, k, v, layout="BSND"):
+    return torch_npu.npu_fusion_attention(q, k, v, 4, layout, atten_mask=TEMPLATE.npu(), scale=0.3, sparse_mode=3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_npu_fast_path_on_cpu_aliases_is_bitwise_the_npu_op_path(dtype):
+    # Plain npu calls run on CPU aliases with one npu autograd node (NpuFusionAttentionBackward0,
+    # the real op's name); under a TorchDispatchMode (the stream sanitizer, tracing) the same
+    # ATen ops run on npu tensors, each seen by the mode. Same bits, forward and backward.
+    q, k, v = (t.detach().to(dtype).requires_grad_() for t in _bsnd(0))
+    dy = torch.randn(2, 9, 4, 8, generator=torch.Generator().manual_seed(1)).to(dtype).npu()
+    got = _attend(q, k, v)
+    assert got[0].grad_fn.name() == "NpuFusionAttentionBackward0"
+    assert not got[1].requires_grad and not got[2].requires_grad
+    got_grads = torch.autograd.grad(got[0], (q, k, v), dy)
+    ops = _Ops()
+    with ops:
+        want = _attend(q, k, v)
+        want_grads = torch.autograd.grad(want[0], (q, k, v), dy)
+    assert FLASH in ops.names and FLASH_BWD in ops.names
+    assert got[4:] == want[4:]
+    for a, b in zip(got[:4] + got_grads, want[:4] + want_grads):
+        assert a.device.type == "npu" and a.dtype == b.dtype and a.shape == b.shape
+        assert torch.equal(a.detach().cpu(), b.detach().cpu())
+
+
+def test_npu_fast_path_autograd_edges():
+    q, k, v = _bsnd(2)
+    dy = torch.randn(2, 9, 4, 8).npu()
+    ref = torch.autograd.grad(_attend(q, k, v)[0], (q, k, v), dy)
+    # the same tensor as key and value (self-attention on one projection): gradients summed
+    kv = k.detach().clone().requires_grad_()
+    with _Ops():
+        want = torch.autograd.grad(_attend(q, kv, kv)[0], (q, kv), dy)
+    got = torch.autograd.grad(_attend(q, kv, kv)[0], (q, kv), dy)
+    assert all(torch.equal(a.cpu(), b.cpu()) for a, b in zip(got, want))
+    # retain_graph: a second backward gives the same gradients; without it, the usual error
+    out = _attend(q, k, v)[0]
+    first = torch.autograd.grad(out, (q, k, v), dy, retain_graph=True)
+    second = torch.autograd.grad(out, (q, k, v), dy)
+    assert all(torch.equal(a.cpu(), b.cpu()) and torch.equal(a.cpu(), r.cpu())
+               for a, b, r in zip(first, second, ref))
+    with pytest.raises(RuntimeError, match="Trying to backward through the graph a second time"):
+        torch.autograd.grad(out, (q, k, v), dy)
+    # create_graph: first-order gradients as usual; differentiating them raises, as the real
+    # op's backward (npu_fusion_attention_grad) has no derivative
+    dq = torch.autograd.grad(_attend(q, k, v)[0], q, dy, create_graph=True)[0]
+    assert torch.equal(dq.detach().cpu(), ref[0].cpu()) and dq.requires_grad
+    with pytest.raises(RuntimeError, match="derivative for npu_fusion_attention_grad is not implemented"):
+        dq.sum().backward()
+
+
+def test_npu_fast_path_sees_in_place_changes_of_its_result():
+    # BNSD: the result is the flash kernel's own output, which its backward reads
+    for device in ("cpu", "npu"):
+        q, k, v = (t.detach().to(device).transpose(1, 2).contiguous().requires_grad_() for t in _bsnd(3))
+        out = torch_npu.npu_fusion_attention(q, k, v, 4, "BNSD", scale=0.3)[0]
+        with torch.no_grad():
+            out.mul_(2)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            out.sum().backward()
+
+
+def test_npu_fast_path_under_checkpoint():
+    from torch.utils.checkpoint import checkpoint
+    q, k, v = _bsnd(4)
+    dy = torch.randn(2, 9, 4, 8).npu()
+    want = torch.autograd.grad(_attend(q, k, v)[0], (q, k, v), dy)
+    for reentrant in (False, True):
+        for t in (q, k, v):
+            t.grad = None
+        out = checkpoint(lambda a, b, c: _attend(a, b, c)[0], q, k, v, use_reentrant=reentrant)
+        out.backward(dy)
+        assert all(torch.equal(t.grad.cpu(), b.cpu()) for t, b in zip((q, k, v), want))

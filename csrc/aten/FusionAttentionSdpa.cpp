@@ -7,10 +7,15 @@
 // flash kernel's own derivative without dropout), as in the Python paths.
 #include "aten/FusionAttentionSdpa.h"
 
+#include "aten/CpuGraph.h"
+#include "aten/OpExecution.h"
+
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
+#include <torch/csrc/autograd/functions/utils.h>
 #include <torch/library.h>
 
 #include <atomic>
@@ -262,6 +267,63 @@ bool plain(const at::Tensor& t) {
   return !t.key_set().has(c10::DispatchKey::Python) && !t.unsafeGetTensorImpl()->has_symbolic_sizes_strides();
 }
 
+// Whether a call on npu tensors can run on CPU aliases (run_on_aliases): q, k and v on one
+// npu device with real data (no fake, functional or functorch-wrapped tensor), no forward-mode
+// AD, and no TorchDispatchMode (the stream sanitizer and tracing modes must see the npu ops).
+bool runs_on_aliases(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  if (c10::impl::TorchDispatchModeTLS::stack_len() > 0) return false;
+  for (const at::Tensor* t : {&q, &k, &v}) {
+    if (t->device() != q.device() || t->device().type() != c10::DeviceType::PrivateUse1 || has_no_real_data(*t) ||
+        t->_fw_grad(/*level=*/0).defined()) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// `run` (the fast path) on CPU aliases of q, k and v inside one npu kernel scope: the same
+// CPU kernels as on npu tensors, without an npu kernel call per ATen op. When a gradient is
+// needed the CPU call records its own graph; one npu node, NpuFusionAttentionBackward0 (the
+// real op's name), runs that graph backward (CpuGraph.h). The statistics carry no gradient.
+template <typename Run>
+std::optional<FusionAttentionResult> run_on_aliases(const c10::OperatorHandle& op, const at::Tensor& q,
+                                                    const at::Tensor& k, const at::Tensor& v, const Run& run) {
+  const int device = q.device().index();
+  const bool record = at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
+  AliasStorages storages;
+  torch::autograd::variable_list npu_inputs, cpu_inputs;
+  const auto alias = [&](const at::Tensor& t) {
+    at::Tensor a = owning_alias(t, storages);
+    if (record && t.requires_grad()) {
+      a.set_requires_grad(true);
+      npu_inputs.push_back(t);
+      cpu_inputs.push_back(a);
+    }
+    return a;
+  };
+  const at::Tensor qa = alias(q), ka = alias(k), va = alias(v);
+  std::optional<FusionAttentionResult> r;
+  {
+    exec::KernelScope scope(op, device);
+    at::AutoGradMode grad_mode(record);
+    r = run(qa, ka, va);
+  }
+  if (!r) return r;
+  auto& [out, smax, ssum, softmax_out, numels] = *r;
+  at::Tensor npu_out = exec::share_result(out, device);
+  if (record && out.requires_grad()) {
+    // an in-place change of the result is seen by the CPU graph (which may have saved it)
+    npu_out.unsafeGetTensorImpl()->set_version_counter(out.unsafeGetTensorImpl()->version_counter());
+    auto node = c10::make_intrusive<CpuGraphBackward>("NpuFusionAttentionBackward0", device, std::move(cpu_inputs),
+                                                      torch::autograd::variable_list{out},
+                                                      DoubleBackward::kNotImplemented, "npu_fusion_attention_grad");
+    node->set_next_edges(torch::autograd::collect_next_edges(npu_inputs));
+    torch::autograd::set_history(npu_out, node);
+  }
+  return FusionAttentionResult{npu_out, exec::share_result(smax, device), exec::share_result(ssum, device),
+                               exec::share_result(softmax_out, device), numels};
+}
+
 // The schema's argument positions (npu_fusion_attention(query, key, value, head_num,
 // input_layout, pse, padding_mask, atten_mask, scale, keep_prob, pre_tockens, next_tockens,
 // inner_precise, prefix, actual_seq_qlen, actual_seq_kvlen, sparse_mode, gen_mask_parallel,
@@ -296,8 +358,11 @@ void fusion_attention_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet,
       (mask.isNone() || tensor(kAttenMask))) {
     std::optional<at::Tensor> atten_mask;
     if (!mask.isNone()) atten_mask = mask.toTensor();
-    auto r = fusion_attention_sdpa(*q, *k, *v, args[kHeadNum].toInt(), args[kLayout].toStringRef(), atten_mask,
-                                   args[kScale].toDouble(), args[kSparseMode].toInt(), reader());
+    const auto run = [&](const at::Tensor& query, const at::Tensor& key, const at::Tensor& value) {
+      return fusion_attention_sdpa(query, key, value, args[kHeadNum].toInt(), args[kLayout].toStringRef(),
+                                   atten_mask, args[kScale].toDouble(), args[kSparseMode].toInt(), reader());
+    };
+    auto r = runs_on_aliases(*q, *k, *v) ? run_on_aliases(op, *q, *k, *v, run) : run(*q, *k, *v);
     if (r) {
       auto& [out, smax, ssum, softmax_out, numels] = *r;
       torch::jit::drop(*stack, kArgs);

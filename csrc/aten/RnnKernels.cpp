@@ -7,7 +7,7 @@
 // that run the CPU implementation on zero-copy CPU aliases of the npu
 // tensors, allocations served from the device pool. When a gradient is
 // needed, the CPU call records its own CPU autograd graph; one npu node
-// (RnnCpuGraphBackward) links the npu outputs to the npu inputs and runs that
+// (CpuGraphBackward, aten/CpuGraph.h) links the npu outputs to the npu inputs and runs that
 // graph's backward on aliases of the incoming gradients.
 //
 // Dropout between layers must draw from the npu generator: a multi-layer
@@ -30,88 +30,13 @@
 #include <utility>
 #include <vector>
 
+#include "aten/CpuGraph.h"
 #include "aten/OpExecution.h"
 
 namespace torch_npu::kernels {
 namespace {
 
 using torch::autograd::variable_list;
-
-void release_npu_storage(void* ctx) { c10::raw::intrusive_ptr::decref(static_cast<c10::StorageImpl*>(ctx)); }
-
-// A CPU alias of npu tensor `t` that keeps the npu memory alive (the CPU
-// graph may save it past the call) and shares t's version counter, so an
-// in-place change of the npu tensor before backward is detected by the
-// CPU graph as it would be on CPU. Aliases of one npu storage share one CPU
-// storage within a call.
-at::Tensor owning_alias(const at::Tensor& t, std::vector<std::pair<c10::StorageImpl*, c10::Storage>>& storages) {
-  c10::StorageImpl* s = t.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
-  c10::Storage cpu;
-  for (auto& e : storages) {
-    if (e.first == s) cpu = e.second;
-  }
-  if (!cpu) {
-    c10::raw::intrusive_ptr::incref(s);
-    c10::DataPtr dp(const_cast<void*>(s->data()), s, &release_npu_storage, c10::Device(c10::DeviceType::CPU));
-    cpu = c10::Storage(c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), s->sym_nbytes(),
-                                                             std::move(dp), nullptr, /*resizable=*/false));
-    storages.emplace_back(s, cpu);
-  }
-  at::Tensor a = exec::cpu_alias(t, std::move(cpu));
-  if (!t.is_inference() && !a.is_inference()) {
-    a.unsafeGetTensorImpl()->set_version_counter(t.unsafeGetTensorImpl()->version_counter());
-  }
-  return a;
-}
-
-// The npu end of a CPU autograd graph recorded by one RNN call: its inputs
-// are the npu outputs, its next edges the npu inputs that require grad.
-struct RnnCpuGraphBackward final : torch::autograd::Node {
-  RnnCpuGraphBackward(std::string name, int device, variable_list cpu_inputs, variable_list cpu_outputs)
-      : name_(std::move(name)),
-        device_(device),
-        cpu_inputs_(std::move(cpu_inputs)),
-        cpu_outputs_(std::move(cpu_outputs)) {}
-
-  std::string name() const override { return name_; }
-
-  variable_list apply(variable_list&& grads) override {
-    TORCH_CHECK(!released_, torch::autograd::ERR_BACKWARD_TWICE);
-    TORCH_CHECK(!at::GradMode::is_enabled(), name_,
-                ": double backward (create_graph=True) through an RNN on the NPU is not supported");
-    variable_list outs, gouts;
-    for (size_t i = 0; i < grads.size(); ++i) {
-      if (!grads[i].defined()) continue;
-      outs.push_back(cpu_outputs_[i]);
-      gouts.push_back(exec::cpu_alias(grads[i]));
-    }
-    variable_list result(cpu_inputs_.size());
-    if (outs.empty()) return result;
-    variable_list cpu_grads;
-    {
-      exec::DeviceMemoryScope memory(device_);
-      // The graph is released with this node (release_variables), so a
-      // retained outer graph can run it again.
-      cpu_grads = torch::autograd::grad(outs, cpu_inputs_, gouts, /*retain_graph=*/true, /*create_graph=*/false,
-                                        /*allow_unused=*/true);
-    }
-    for (size_t i = 0; i < cpu_grads.size(); ++i) result[i] = exec::share_result(cpu_grads[i], device_);
-    return result;
-  }
-
-  void release_variables() override {
-    cpu_outputs_.clear();
-    cpu_inputs_.clear();
-    released_ = true;
-  }
-
- private:
-  std::string name_;
-  int device_;
-  variable_list cpu_inputs_;
-  variable_list cpu_outputs_;
-  bool released_ = false;
-};
 
 std::string backward_name(const c10::OperatorHandle& op) {
   const auto& n = op.operator_name();
@@ -127,16 +52,6 @@ std::string backward_name(const c10::OperatorHandle& op) {
     up = false;
   }
   return out + "NpuBackward0";
-}
-
-// Tensors a CPU kernel cannot read: fake, functional, meta-backed, subclasses.
-bool has_no_real_data(const at::Tensor& t) {
-  if (!t.defined()) return false;
-  const auto ks = t.key_set();
-  if (ks.has(c10::DispatchKey::Python) || ks.has(c10::DispatchKey::Functionalize)) return true;
-  if (!t.has_storage()) return true;
-  return t.unsafeGetTensorImpl()->unsafe_storage().device_type() != c10::DeviceType::PrivateUse1 &&
-         t.device().type() == c10::DeviceType::PrivateUse1;
 }
 
 template <typename F>
@@ -178,7 +93,7 @@ void run_cpu_implementation(const c10::OperatorHandle& op, torch::jit::Stack* st
     }
   }
 
-  std::vector<std::pair<c10::StorageImpl*, c10::Storage>> storages;
+  AliasStorages storages;
   variable_list npu_inputs, cpu_inputs;
   const int device = exec::prepare_cpu_call(op, stack, [&](const at::Tensor& t, const c10::Argument&) {
     at::Tensor a = owning_alias(t, storages);
@@ -215,8 +130,8 @@ void run_cpu_implementation(const c10::OperatorHandle& op, torch::jit::Stack* st
     (*stack)[obase + i] = npu;
   }
   if (!record) return;
-  auto node = c10::make_intrusive<RnnCpuGraphBackward>(backward_name(op), device, std::move(cpu_inputs),
-                                                        std::move(cpu_outputs));
+  auto node = c10::make_intrusive<CpuGraphBackward>(backward_name(op), device, std::move(cpu_inputs),
+                                                     std::move(cpu_outputs), DoubleBackward::kRaise, "an RNN");
   node->set_next_edges(torch::autograd::collect_next_edges(npu_inputs));
   for (const at::Tensor& out : npu_outputs) torch::autograd::set_history(out, node);
 }
