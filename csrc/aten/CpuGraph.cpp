@@ -36,6 +36,16 @@ at::Tensor owning_alias(const at::Tensor& t, AliasStorages& storages) {
   return a;
 }
 
+at::Tensor CpuGraphInputs::alias(const at::Tensor& t) {
+  at::Tensor a = owning_alias(t, storages);
+  if (record && t.requires_grad()) {
+    a.set_requires_grad(true);
+    npu_inputs.push_back(t);
+    cpu_inputs.push_back(a);
+  }
+  return a;
+}
+
 bool has_no_real_data(const at::Tensor& t) {
   if (!t.defined()) return false;
   const auto ks = t.key_set();

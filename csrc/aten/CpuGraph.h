@@ -28,6 +28,19 @@ using AliasStorages = std::vector<std::pair<c10::StorageImpl*, c10::Storage>>;
 // graph as it would be on CPU.
 at::Tensor owning_alias(const at::Tensor& t, AliasStorages& storages);
 
+// The inputs of one call that may record a CPU graph: `alias` makes each
+// npu input's owning alias; when recording and the input requires grad, the
+// alias is made to require grad too and the pair is kept (npu_inputs become
+// the node's next edges, cpu_inputs what the CPU graph is differentiated to).
+struct CpuGraphInputs {
+  explicit CpuGraphInputs(bool record) : record(record) {}
+  at::Tensor alias(const at::Tensor& t);
+
+  bool record;
+  AliasStorages storages;
+  torch::autograd::variable_list npu_inputs, cpu_inputs;
+};
+
 // Tensors a CPU kernel cannot read: fake, functional, meta-backed, subclasses.
 bool has_no_real_data(const at::Tensor& t);
 

@@ -290,18 +290,8 @@ std::optional<FusionAttentionResult> run_on_aliases(const c10::OperatorHandle& o
                                                     const at::Tensor& k, const at::Tensor& v, const Run& run) {
   const int device = q.device().index();
   const bool record = at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
-  AliasStorages storages;
-  torch::autograd::variable_list npu_inputs, cpu_inputs;
-  const auto alias = [&](const at::Tensor& t) {
-    at::Tensor a = owning_alias(t, storages);
-    if (record && t.requires_grad()) {
-      a.set_requires_grad(true);
-      npu_inputs.push_back(t);
-      cpu_inputs.push_back(a);
-    }
-    return a;
-  };
-  const at::Tensor qa = alias(q), ka = alias(k), va = alias(v);
+  CpuGraphInputs inputs(record);
+  const at::Tensor qa = inputs.alias(q), ka = inputs.alias(k), va = inputs.alias(v);
   std::optional<FusionAttentionResult> r;
   {
     exec::KernelScope scope(op, device);
@@ -314,10 +304,10 @@ std::optional<FusionAttentionResult> run_on_aliases(const c10::OperatorHandle& o
   if (record && out.requires_grad()) {
     // an in-place change of the result is seen by the CPU graph (which may have saved it)
     npu_out.unsafeGetTensorImpl()->set_version_counter(out.unsafeGetTensorImpl()->version_counter());
-    auto node = c10::make_intrusive<CpuGraphBackward>("NpuFusionAttentionBackward0", device, std::move(cpu_inputs),
-                                                      torch::autograd::variable_list{out},
+    auto node = c10::make_intrusive<CpuGraphBackward>("NpuFusionAttentionBackward0", device,
+                                                      std::move(inputs.cpu_inputs), torch::autograd::variable_list{out},
                                                       DoubleBackward::kNotImplemented, "npu_fusion_attention_grad");
-    node->set_next_edges(torch::autograd::collect_next_edges(npu_inputs));
+    node->set_next_edges(torch::autograd::collect_next_edges(inputs.npu_inputs));
     torch::autograd::set_history(npu_out, node);
   }
   return FusionAttentionResult{npu_out, exec::share_result(smax, device), exec::share_result(ssum, device),

@@ -93,17 +93,9 @@ void run_cpu_implementation(const c10::OperatorHandle& op, torch::jit::Stack* st
     }
   }
 
-  AliasStorages storages;
-  variable_list npu_inputs, cpu_inputs;
-  const int device = exec::prepare_cpu_call(op, stack, [&](const at::Tensor& t, const c10::Argument&) {
-    at::Tensor a = owning_alias(t, storages);
-    if (record && t.requires_grad()) {
-      a.set_requires_grad(true);
-      npu_inputs.push_back(t);
-      cpu_inputs.push_back(a);
-    }
-    return a;
-  });
+  CpuGraphInputs inputs(record);
+  const int device = exec::prepare_cpu_call(
+      op, stack, [&](const at::Tensor& t, const c10::Argument&) { return inputs.alias(t); });
   if (batch_sizes_arg >= 0) {
     c10::IValue& slot = (*stack)[base + batch_sizes_arg];
     const at::Tensor& bs = batch_sizes.toTensor();
@@ -130,9 +122,9 @@ void run_cpu_implementation(const c10::OperatorHandle& op, torch::jit::Stack* st
     (*stack)[obase + i] = npu;
   }
   if (!record) return;
-  auto node = c10::make_intrusive<CpuGraphBackward>(backward_name(op), device, std::move(cpu_inputs),
+  auto node = c10::make_intrusive<CpuGraphBackward>(backward_name(op), device, std::move(inputs.cpu_inputs),
                                                      std::move(cpu_outputs), DoubleBackward::kRaise, "an RNN");
-  node->set_next_edges(torch::autograd::collect_next_edges(npu_inputs));
+  node->set_next_edges(torch::autograd::collect_next_edges(inputs.npu_inputs));
   for (const at::Tensor& out : npu_outputs) torch::autograd::set_history(out, node);
 }
 
