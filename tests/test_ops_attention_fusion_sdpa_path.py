@@ -396,3 +396,39 @@ def test_npu_fast_path_under_checkpoint():
         out = checkpoint(lambda a, b, c: _attend(a, b, c)[0], q, k, v, use_reentrant=reentrant)
         out.backward(dy)
         assert all(torch.equal(t.grad.cpu(), b.cpu()) for t, b in zip((q, k, v), want))
+
+
+@pytest.mark.parametrize("device", ["cpu", "npu"])
+def test_statistics_loops_give_the_aten_ops_bits(monkeypatch, device):
+    # Without a TorchDispatchMode, softmax_max / softmax_sum are written by direct loops over
+    # the logits (aten/FusionAttentionSdpa.cpp); under one, by ATen ops (every op seen). Same
+    # bits: several row blocks, a nonpositive scale, a zero-logit row (its max is +0), a NaN.
+    from torch_npu.op_plugin.attention import flash
+    monkeypatch.setattr(flash, "CHUNK_ELEMENTS", 16 * 2 * 4 * 40)  # 16-row blocks
+    gen = torch.Generator().manual_seed(7)
+    q = torch.randn(2, 40, 4, 8, generator=gen)
+    k, v = (torch.randn(2, 40, 2, 8, generator=gen) for _ in range(2))
+    q[0, 3] = 0.0         # every logit of these rows is 0
+    k[1, :, 1] = -k[1, :, 1].abs()
+    q[1, 5, 2] = 0.0
+    k[1, 30, 0, 1] = float("nan")   # rows >= 30 of key head 0 (causal), all rows otherwise
+    q, k, v = (t.to(device) for t in (q, k, v))
+    for kw in (dict(scale=0.3, atten_mask=TEMPLATE.to(device), sparse_mode=2), dict(scale=-0.4), dict(scale=0.0)):
+        got = torch_npu.npu_fusion_attention(q, k, v, 4, "BSND", **kw)[1:3]
+        with _Ops():
+            want = torch_npu.npu_fusion_attention(q, k, v, 4, "BSND", **kw)[1:3]
+        for a, b in zip(got, want):
+            a, b = a.cpu(), b.cpu()
+            assert a.isnan().any() and torch.equal(a.isnan(), b.isnan())
+            torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+            assert torch.equal(a.signbit(), b.signbit())
+        smax = got[0].cpu()
+        assert smax[0, :, 3].eq(0).all() and not smax[0, :, 3].signbit().any()
+        if "atten_mask" in kw:  # the NaN key is masked for rows before it
+            assert not smax[1, :2, :30].isnan().any() and smax[1, :2, 30:].isnan().all()
+    # the loops run (no amax, no expand copies) when nothing observes the ops
+    from torch.profiler import profile
+    with profile() as prof:
+        torch_npu.npu_fusion_attention(q, k, v, 4, "BSND", scale=0.3)
+    names = {e.key for e in prof.key_averages()}
+    assert "aten::_scaled_dot_product_flash_attention_for_cpu" in names and "aten::amax" not in names

@@ -80,34 +80,92 @@ int64_t rows_per_block(int64_t chunk_elements, int64_t b, int64_t n, int64_t s1,
   return std::min(std::max(kBlockRows, rows / kBlockRows * kBlockRows), std::max<int64_t>(s1, 1));
 }
 
-// flash._row_max (no grad): the row max of the scaled logits, j > i masked
-// when causal; k may have fewer heads than q.
+// Whether the statistics may be computed by the loops below (reading and writing memory
+// directly) rather than by ATen ops: CPU tensors with real data and no TorchDispatchMode,
+// which must see every op (the stream sanitizer, tracing). Both give the same bits.
+bool direct_loops(const at::Tensor& x) {
+  return x.device().is_cpu() && x.has_storage() && !x.key_set().has(c10::DispatchKey::Python) &&
+         !x.key_set().has(c10::DispatchKey::Functionalize) && c10::impl::TorchDispatchModeTLS::stack_len() == 0;
+}
+
+// m[:, :, i0 + r] = the row max of block x as row_max's ATen ops compute it (j <= i0 + r
+// when causal; the logits times scale first when scale <= 0, the max times scale after
+// when scale > 0; then + 0): x float [b, n, rows, cols], m float [b, n, s1]. A NaN logit
+// gives NaN, as amax does.
+void block_row_max(const at::Tensor& x, at::Tensor& m, int64_t i0, bool causal, double scale) {
+  const auto xa = x.accessor<float, 4>();
+  auto ma = m.accessor<float, 3>();
+  const float sc = static_cast<float>(scale);
+  const int64_t rows = x.size(2), cols = x.size(3);
+  for (int64_t bi = 0; bi < x.size(0); ++bi) {
+    for (int64_t h = 0; h < x.size(1); ++h) {
+      for (int64_t r = 0; r < rows; ++r) {
+        const auto row = xa[bi][h][r];
+        const int64_t limit = causal ? std::min(cols, i0 + r + 1) : cols;
+        float best = -INFINITY;
+        for (int64_t j = 0; j < limit; ++j) {
+          const float v = scale <= 0 ? row[j] * sc : row[j];
+          if (std::isnan(v)) {
+            best = v;
+            break;
+          }
+          if (v > best) best = v;
+        }
+        if (scale > 0) best = best * sc;
+        ma[bi][h][i0 + r] = best + 0.0f;
+      }
+    }
+  }
+}
+
+// flash._row_max (no grad): the row max of the scaled logits, j > i masked when causal; k
+// may have fewer heads than q. A zero max is +0 (the sign of a zero max would depend on the
+// order amax reduces in).
 at::Tensor row_max(const at::Tensor& q, const at::Tensor& k, double scale, bool causal, int64_t chunk_elements) {
   const int64_t b = q.size(0), n = q.size(1), s1 = q.size(2), d = q.size(3);
   const int64_t n_kv = k.size(1), s2 = k.size(2);
   const at::Tensor kt = k.transpose(-1, -2);
   int64_t rows = rows_per_block(chunk_elements, b, n, s1, s2);
   if (causal) rows = std::min(rows, std::max(kCausalRows, (s1 + 7) / 8));
+  const bool direct = q.scalar_type() == at::kFloat && direct_loops(q);
+  at::Tensor m = direct ? at::empty({b, n, s1}, q.options()) : at::Tensor();
   std::vector<at::Tensor> parts;
   for (int64_t i0 = 0; i0 < s1; i0 += rows) {
     const int64_t i1 = std::min(s1, i0 + rows);
     const int64_t cols = causal ? std::min(s2, i1) : s2;
     const at::Tensor qb = q.slice(2, i0, i1).reshape({b, n_kv, (n / n_kv) * (i1 - i0), d});
     at::Tensor x = at::matmul(qb, kt.slice(-1, 0, cols)).view({b, n, i1 - i0, cols});
+    if (direct) {
+      block_row_max(x, m, i0, causal, scale);
+      continue;
+    }
     if (scale <= 0) x.mul_(scale);
-    if (causal) {
-      x.add_(at::full({i1 - i0, cols}, -INFINITY, x.options()).triu_(i0 + 1));
+    if (causal) {  // j > i to -inf (a NaN logit there does not reach the max)
+      x.masked_fill_(at::ones({i1 - i0, cols}, x.options().dtype(at::kBool)).triu_(i0 + 1), -INFINITY);
     }
     parts.push_back(x.amax(-1));
   }
-  at::Tensor m = parts.size() == 1 ? parts[0] : at::cat(parts, 2);
-  return scale > 0 ? m.mul_(scale) : m;
+  if (direct) return m;
+  m = parts.size() == 1 ? parts[0] : at::cat(parts, 2);
+  if (scale > 0) m.mul_(scale);
+  return m.add_(0.0);
 }
 
 // Plan.merge_stats for the fixed layouts: [B, N, S1] -> [B, N, S1, 8].
 at::Tensor merge_stats(const at::Tensor& st, at::ScalarType dtype) {
   std::vector<int64_t> shape(st.sizes().begin(), st.sizes().end());
   shape.push_back(8);
+  if (dtype == at::kFloat && st.scalar_type() == at::kFloat && st.dim() == 3 && direct_loops(st)) {
+    at::Tensor out = at::empty(shape, st.options());
+    const auto in = st.accessor<float, 3>();
+    float* o = out.data_ptr<float>();
+    for (int64_t bi = 0; bi < shape[0]; ++bi) {
+      for (int64_t h = 0; h < shape[1]; ++h) {
+        for (int64_t i = 0; i < shape[2]; ++i, o += 8) std::fill(o, o + 8, in[bi][h][i]);
+      }
+    }
+    return out;
+  }
   return st.to(dtype).unsqueeze(-1).expand(shape).contiguous();
 }
 

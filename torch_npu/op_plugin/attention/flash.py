@@ -146,7 +146,9 @@ def _sdpa_inputs(seg, dtype):
 def _row_max(q, k, scale, causal):
     """softmax_max: the row max of the scaled logits (j > i masked when ``causal``), block by
     block; k may have fewer heads than q (GQA). For scale > 0, max(scale * x) is
-    scale * max(x) exactly (rounding is monotone), which saves a pass over the logits."""
+    scale * max(x) exactly (rounding is monotone), which saves a pass over the logits. A zero
+    max is +0 (its sign would depend on the order amax reduces in), as in the C++ path
+    (aten/FusionAttentionSdpa.cpp), whose direct loop gives these bits."""
     b, n, s1, _ = q.shape
     n_kv, s2 = k.shape[1], k.shape[2]
     kt = k.transpose(-1, -2)
@@ -160,13 +162,12 @@ def _row_max(q, k, scale, causal):
         x = torch.matmul(_grouped(q[:, :, i0:i1], n_kv), kt[..., :cols]).view(b, n, i1 - i0, cols)
         if scale <= 0:
             x.mul_(scale)
-        if causal:
-            # j > i to -inf: adding an upper triangle of -inf (and +0.0 elsewhere, which leaves
-            # every finite logit unchanged) is one cheap op where masked_fill_ needs a bool mask
-            x.add_(torch.full((i1 - i0, cols), float("-inf"), dtype=x.dtype, device=x.device).triu_(i0 + 1))
+        if causal:  # j > i to -inf (a NaN logit there does not reach the max)
+            x.masked_fill_(torch.ones(i1 - i0, cols, dtype=torch.bool, device=x.device).triu_(i0 + 1),
+                           float("-inf"))
         parts.append(x.amax(-1))
     m = parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
-    return m.mul_(scale) if scale > 0 else m
+    return (m.mul_(scale) if scale > 0 else m).add_(0.0)
 
 
 def sdpa_attention(seg, scale, causal, dtype):
