@@ -9,6 +9,8 @@ else stays on the blocked composition. Checked here: which path each call takes,
 that the fast path's four results (out, softmax_max, softmax_sum, gradients) match
 an independent float64 reference.
 """
+import contextlib
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -326,26 +328,36 @@ def _attend(q, k, v, layout="BSND"):
     return torch_npu.npu_fusion_attention(q, k, v, 4, layout, atten_mask=TEMPLATE.npu(), scale=0.3, sparse_mode=3)
 
 
+@pytest.mark.parametrize("device", ["cpu", "npu"])
+@pytest.mark.parametrize("layout,n_kv", [("BSH", 4), ("SBH", 4), ("BSND", 2), ("BNSD", 1)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_npu_fast_path_on_cpu_aliases_is_bitwise_the_npu_op_path(dtype):
-    # Plain npu calls run on CPU aliases with one npu autograd node (NpuFusionAttentionBackward0,
-    # the real op's name); under a TorchDispatchMode (the stream sanitizer, tracing) the same
-    # ATen ops run on npu tensors, each seen by the mode. Same bits, forward and backward.
-    q, k, v = (t.detach().to(dtype).requires_grad_() for t in _bsnd(0))
-    dy = torch.randn(2, 9, 4, 8, generator=torch.Generator().manual_seed(1)).to(dtype).npu()
-    got = _attend(q, k, v)
-    assert got[0].grad_fn.name() == "NpuFusionAttentionBackward0"
-    assert not got[1].requires_grad and not got[2].requires_grad
-    got_grads = torch.autograd.grad(got[0], (q, k, v), dy)
-    ops = _Ops()
-    with ops:
-        want = _attend(q, k, v)
-        want_grads = torch.autograd.grad(want[0], (q, k, v), dy)
-    assert FLASH in ops.names and FLASH_BWD in ops.names
-    assert got[4:] == want[4:]
-    for a, b in zip(got[:4] + got_grads, want[:4] + want_grads):
-        assert a.device.type == "npu" and a.dtype == b.dtype and a.shape == b.shape
-        assert torch.equal(a.detach().cpu(), b.detach().cpu())
+def test_one_node_path_is_bitwise_the_aten_op_path(device, layout, n_kv, dtype):
+    # Plain calls run their forward without recording it (on npu: on CPU aliases, as one npu
+    # kernel) and get one autograd node, NpuFusionAttentionBackward0 (the real op's name);
+    # under a TorchDispatchMode (the stream sanitizer, tracing) the same ATen ops run with
+    # autograd recording them, each seen by the mode. Same bits, forward and backward, also
+    # when only some inputs require grad.
+    gen = torch.Generator().manual_seed(0)
+    q = _layout_tensor(layout, 2, 9, 4, 8, dtype, gen).detach().to(device)
+    k, v = (_layout_tensor(layout, 2, 9, n_kv, 8, dtype, gen).detach().to(device) for _ in range(2))
+    dy = torch.randn(q.shape, generator=gen).to(dtype).to(device)
+    kw = dict(scale=0.3, atten_mask=TEMPLATE.to(device), sparse_mode=3)
+    for wants_grad in ((q, k, v), (k,)):
+        for t in (q, k, v):
+            t.requires_grad_(any(t is w for w in wants_grad))
+        got = torch_npu.npu_fusion_attention(q, k, v, 4, layout, **kw)
+        assert got[0].grad_fn.name() == "NpuFusionAttentionBackward0"
+        assert not got[1].requires_grad and not got[2].requires_grad
+        got_grads = torch.autograd.grad(got[0], wants_grad, dy)
+        ops = _Ops()
+        with ops:
+            want = torch_npu.npu_fusion_attention(q, k, v, 4, layout, **kw)
+            want_grads = torch.autograd.grad(want[0], wants_grad, dy)
+        assert FLASH in ops.names and FLASH_BWD in ops.names
+        assert got[4:] == want[4:]
+        for a, b in zip(got[:4] + got_grads, want[:4] + want_grads):
+            assert a.device.type == device and a.dtype == b.dtype and a.shape == b.shape
+            assert torch.equal(a.detach().cpu(), b.detach().cpu())
 
 
 def test_npu_fast_path_autograd_edges():
@@ -366,21 +378,28 @@ def test_npu_fast_path_autograd_edges():
                for a, b, r in zip(first, second, ref))
     with pytest.raises(RuntimeError, match="Trying to backward through the graph a second time"):
         torch.autograd.grad(out, (q, k, v), dy)
-    # create_graph: first-order gradients as usual; differentiating them raises, as the real
-    # op's backward (npu_fusion_attention_grad) has no derivative
-    dq = torch.autograd.grad(_attend(q, k, v)[0], q, dy, create_graph=True)[0]
-    assert torch.equal(dq.detach().cpu(), ref[0].cpu()) and dq.requires_grad
-    with pytest.raises(RuntimeError, match="derivative for npu_fusion_attention_grad is not implemented"):
-        dq.sum().backward()
+    # create_graph: first-order gradients as usual; differentiating them raises, as on the
+    # ATen-op path (the CPU flash kernel's backward has no derivative)
+    for mode in (contextlib.nullcontext, _Ops):
+        with mode():
+            dq = torch.autograd.grad(_attend(q, k, v)[0], q, dy, create_graph=True)[0]
+        assert torch.equal(dq.detach().cpu(), ref[0].cpu()) and dq.requires_grad
+        with pytest.raises(RuntimeError, match="derivative for aten::_scaled_dot_product_flash_attention_for_cpu_"
+                                               "backward is not implemented"):
+            dq.sum().backward()
 
 
-def test_npu_fast_path_sees_in_place_changes_of_its_result():
-    # BNSD: the result is the flash kernel's own output, which its backward reads
-    for device in ("cpu", "npu"):
+@pytest.mark.parametrize("device", ["cpu", "npu"])
+@pytest.mark.parametrize("mode", [contextlib.nullcontext, _Ops])
+def test_fast_path_sees_in_place_changes_before_backward(device, mode):
+    # BNSD: the result is the flash kernel's own output, which its backward reads; so are q,
+    # k and v (float32: as views)
+    for changed in ("out", "q"):
         q, k, v = (t.detach().to(device).transpose(1, 2).contiguous().requires_grad_() for t in _bsnd(3))
-        out = torch_npu.npu_fusion_attention(q, k, v, 4, "BNSD", scale=0.3)[0]
+        with mode():
+            out = torch_npu.npu_fusion_attention(q, k, v, 4, "BNSD", scale=0.3)[0]
         with torch.no_grad():
-            out.mul_(2)
+            (out if changed == "out" else q).mul_(2)
         with pytest.raises(RuntimeError, match="modified by an inplace operation"):
             out.sum().backward()
 

@@ -2,10 +2,10 @@
 // when a gradient is needed, lets that call record its own CPU autograd
 // graph; one npu node (CpuGraphBackward) links the npu outputs to the npu
 // inputs and runs that graph's backward on aliases of the incoming
-// gradients. Used by the RNN kernels (RnnKernels.cpp) and by
-// npu_fusion_attention's fast path (FusionAttentionSdpa.cpp): the forward and
+// gradients. Used by the RNN kernels (RnnKernels.cpp): the forward and
 // backward run the very CPU kernels the CPU runs, without an npu kernel call
-// per ATen op.
+// per ATen op. npu_fusion_attention's fast path (FusionAttentionSdpa.cpp)
+// uses the owning aliases with a backward node of its own.
 #pragma once
 
 #include <ATen/core/Tensor.h>

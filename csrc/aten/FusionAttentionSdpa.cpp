@@ -15,9 +15,12 @@
 #include <ATen/core/grad_mode.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
+#include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/utils.h>
+#include <torch/csrc/autograd/saved_variable.h>
 #include <torch/library.h>
 
+#include <array>
 #include <atomic>
 
 #include <algorithm>
@@ -43,13 +46,14 @@ std::optional<Layout> parse_layout(std::string s) {
   return std::nullopt;
 }
 
-// flash.to_bnsd, for shapes already checked.
+// flash.to_bnsd, for shapes already checked (reshape: a view of the inputs; a gradient in the
+// input layout need not be viewable).
 at::Tensor to_bnsd(const at::Tensor& x, Layout layout, int64_t head_dim) {
   switch (layout) {
     case Layout::BSH:
-      return x.view({x.size(0), x.size(1), x.size(2) / head_dim, head_dim}).transpose(1, 2);
+      return x.reshape({x.size(0), x.size(1), x.size(2) / head_dim, head_dim}).transpose(1, 2);
     case Layout::SBH:
-      return x.view({x.size(0), x.size(1), x.size(2) / head_dim, head_dim}).permute({1, 2, 0, 3});
+      return x.reshape({x.size(0), x.size(1), x.size(2) / head_dim, head_dim}).permute({1, 2, 0, 3});
     case Layout::BSND:
       return x.transpose(1, 2);
     case Layout::BNSD:
@@ -246,6 +250,21 @@ at::Tensor keep_rows(int64_t seed, int64_t offset, int64_t b, int64_t n, int64_t
   return keep.to(device);
 }
 
+// The fast path's forward on [B, N, S, D] views: the CPU flash kernel's output and
+// log-sum-exp (differentiable when grad mode is on: its own derivative) and the statistics.
+struct SdpaForward {
+  at::Tensor out, lse, smax, ssum;
+};
+SdpaForward sdpa_forward(const Call& c, double scale, int64_t chunk_elements) {
+  const at::Tensor qc = in_float(c.q), kc = in_float(c.k), vc = in_float(c.v);
+  auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(qc, kc, vc, 0.0, c.causal, std::nullopt, scale);
+  at::NoGradGuard no_grad;
+  const at::Tensor m = row_max(qc, kc, scale, c.causal, chunk_elements);
+  // sum_j exp(x_j - max) = exp(lse - max): no row is fully masked on this path
+  const at::Tensor s = at::exp(lse - m);
+  return SdpaForward{out, lse, merge_stats(m, at::kFloat), merge_stats(s, at::kFloat)};
+}
+
 }  // namespace
 
 std::optional<FusionAttentionResult> fusion_attention_sdpa(const at::Tensor& query, const at::Tensor& key,
@@ -256,19 +275,9 @@ std::optional<FusionAttentionResult> fusion_attention_sdpa(const at::Tensor& que
                                                            int64_t chunk_elements) {
   auto c = plain_call(query, key, value, head_num, input_layout, atten_mask, scale, sparse_mode);
   if (!c) return std::nullopt;
-  const at::Tensor qc = in_float(c->q), kc = in_float(c->k), vc = in_float(c->v);
-  auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(qc, kc, vc, 0.0, c->causal, std::nullopt, scale);
-  at::Tensor smax, ssum;
-  {
-    at::NoGradGuard no_grad;
-    const at::Tensor m = row_max(qc, kc, scale, c->causal, chunk_elements);
-    // sum_j exp(x_j - max) = exp(lse - max): no row is fully masked on this path
-    const at::Tensor s = at::exp(lse - m);
-    smax = merge_stats(m, at::kFloat);
-    ssum = merge_stats(s, at::kFloat);
-  }
-  at::Tensor result = from_bnsd(out, c->layout).to(query.scalar_type());
-  return FusionAttentionResult{result, smax, ssum, query.new_empty({0}), c->b * c->n * c->s1 * c->s2};
+  SdpaForward f = sdpa_forward(*c, scale, chunk_elements);
+  at::Tensor result = from_bnsd(f.out, c->layout).to(query.scalar_type());
+  return FusionAttentionResult{result, f.smax, f.ssum, query.new_empty({0}), c->b * c->n * c->s1 * c->s2};
 }
 
 bool fusion_attention_small_dropout_applies(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
@@ -325,51 +334,163 @@ bool plain(const at::Tensor& t) {
   return !t.key_set().has(c10::DispatchKey::Python) && !t.unsafeGetTensorImpl()->has_symbolic_sizes_strides();
 }
 
-// Whether a call on npu tensors can run on CPU aliases (run_on_aliases): q, k and v on one
-// npu device with real data (no fake, functional or functorch-wrapped tensor), no forward-mode
-// AD, and no TorchDispatchMode (the stream sanitizer and tracing modes must see the npu ops).
-bool runs_on_aliases(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+// Whether a call takes the one-node path (one_node_call): q, k and v on one device (CPU, or
+// one npu device) with real data (no fake, functional or functorch-wrapped tensor), no
+// forward-mode AD, and no TorchDispatchMode, which must see every ATen op of the forward and
+// backward (the stream sanitizer, tracing); those calls run the same ATen ops with autograd
+// recording them instead, bitwise alike.
+bool takes_one_node(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
   if (c10::impl::TorchDispatchModeTLS::stack_len() > 0) return false;
+  const auto type = q.device().type();
+  if (type != c10::DeviceType::CPU && type != c10::DeviceType::PrivateUse1) return false;
   for (const at::Tensor* t : {&q, &k, &v}) {
-    if (t->device() != q.device() || t->device().type() != c10::DeviceType::PrivateUse1 || has_no_real_data(*t) ||
-        t->_fw_grad(/*level=*/0).defined()) {
-      return false;
-    }
+    if (t->device() != q.device() || has_no_real_data(*t) || t->_fw_grad(/*level=*/0).defined()) return false;
   }
   return true;
 }
 
-// `run` (the fast path) on CPU aliases of q, k and v inside one npu kernel scope: the same
-// CPU kernels as on npu tensors, without an npu kernel call per ATen op. When a gradient is
-// needed the CPU call records its own graph; one npu node, NpuFusionAttentionBackward0 (the
-// real op's name), runs that graph backward (CpuGraph.h). The statistics carry no gradient.
-template <typename Run>
-std::optional<FusionAttentionResult> run_on_aliases(const c10::OperatorHandle& op, const at::Tensor& q,
-                                                    const at::Tensor& k, const at::Tensor& v, const Run& run) {
-  const int device = q.device().index();
-  const bool record = at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
-  CpuGraphInputs inputs(record);
-  const at::Tensor qa = inputs.alias(q), ka = inputs.alias(k), va = inputs.alias(v);
-  std::optional<FusionAttentionResult> r;
+// [B, N, S, D] gradient -> the input layout (the backward of to_bnsd's views).
+at::Tensor grad_from_bnsd(const at::Tensor& g, Layout layout, at::IntArrayRef input_sizes) {
+  switch (layout) {
+    case Layout::BSH:
+      return g.transpose(1, 2).reshape(input_sizes);
+    case Layout::SBH:
+      return g.permute({2, 0, 1, 3}).reshape(input_sizes);
+    case Layout::BSND:
+      return g.transpose(1, 2);
+    case Layout::BNSD:
+      return g;
+  }
+  return g;
+}
+
+const c10::OperatorHandle& grad_op() {
+  static const c10::OperatorHandle op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("npu::npu_fusion_attention_grad", "");
+  return op;
+}
+
+// The backward of one_node_call's result: the CPU flash kernel's own derivative with the
+// layout and dtype steps around it undone, as autograd computes it through those ATen ops
+// (the same values). On npu tensors it runs on CPU aliases as one npu kernel; under
+// create_graph=True it runs as ATen ops, so that differentiating the gradients raises the
+// flash backward's "derivative ... is not implemented", as the ATen-op path does.
+struct FusionAttentionBackward final : torch::autograd::Node {
+  std::string name() const override { return "NpuFusionAttentionBackward0"; }
+
+  torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
+    torch::autograd::variable_list result(3);
+    const at::Tensor& g = grads[0];
+    std::array<at::Tensor, 5> t = {q_.unpack(), k_.unpack(), v_.unpack(), out_.unpack(getptr()), lse_.unpack()};
+    if (!g.defined()) return result;
+    std::tuple<at::Tensor, at::Tensor, at::Tensor> d;
+    if (device_ >= 0 && !at::GradMode::is_enabled()) {
+      AliasStorages storages;
+      const at::Tensor ga = owning_alias(g, storages);
+      for (auto& x : t) x = owning_alias(x, storages);
+      {
+        exec::KernelScope scope(grad_op(), device_);
+        d = math(ga, t);
+      }
+      std::get<0>(d) = exec::share_result(std::get<0>(d), device_);
+      std::get<1>(d) = exec::share_result(std::get<1>(d), device_);
+      std::get<2>(d) = exec::share_result(std::get<2>(d), device_);
+    } else {
+      d = math(g, t);
+    }
+    if (should_compute_output(0)) result[0] = std::move(std::get<0>(d));
+    if (should_compute_output(1)) result[1] = std::move(std::get<1>(d));
+    if (should_compute_output(2)) result[2] = std::move(std::get<2>(d));
+    return result;
+  }
+
+  void release_variables() override {
+    q_.reset_data();
+    k_.reset_data();
+    v_.reset_data();
+    out_.reset_data();
+    lse_.reset_data();
+  }
+
+  // saved: q, k, v as given when float32 (in BNSD they are views of them, as autograd saves
+  // them), else their float32 BNSD copies; the flash kernel's output and log-sum-exp
+  torch::autograd::SavedVariable q_, k_, v_, out_, lse_;
+  bool inputs_as_given = true;
+  Layout layout = Layout::BNSD;
+  int64_t head_dim = 0;
+  bool causal = false;
+  double scale = 1.0;
+  int device_ = -1;  // the npu device, -1 for CPU tensors
+  std::vector<int64_t> q_sizes, k_sizes, v_sizes;
+  at::ScalarType q_dtype = at::kFloat, k_dtype = at::kFloat, v_dtype = at::kFloat;
+
+ private:
+  std::tuple<at::Tensor, at::Tensor, at::Tensor> math(const at::Tensor& g, const std::array<at::Tensor, 5>& t) const {
+    const auto bnsd = [&](const at::Tensor& x) {
+      return inputs_as_given ? to_bnsd(x, layout, head_dim) : x;
+    };
+    const at::Tensor gb = to_bnsd(in_float(g), layout, head_dim);
+    auto [dq, dk, dv] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
+        gb, bnsd(t[0]), bnsd(t[1]), bnsd(t[2]), t[3], t[4], 0.0, causal, std::nullopt, scale);
+    return {grad_from_bnsd(dq.to(q_dtype), layout, q_sizes), grad_from_bnsd(dk.to(k_dtype), layout, k_sizes),
+            grad_from_bnsd(dv.to(v_dtype), layout, v_sizes)};
+  }
+};
+
+// The fast path (plain_call's calls) as one autograd node: the forward runs its ATen ops
+// without recording them (on npu tensors: on CPU aliases, as one npu kernel), and the result
+// gets one FusionAttentionBackward node (NpuFusionAttentionBackward0, the real op's name).
+// The same values as autograd through those ops (tested); nullopt for a call plain_call refuses.
+std::optional<FusionAttentionResult> one_node_call(const c10::OperatorHandle& op, const at::Tensor& query,
+                                                   const at::Tensor& key, const at::Tensor& value, int64_t head_num,
+                                                   const std::string& input_layout,
+                                                   const std::optional<at::Tensor>& atten_mask, double scale,
+                                                   int64_t sparse_mode, int64_t chunk_elements) {
+  const bool npu = query.device().type() == c10::DeviceType::PrivateUse1;
+  const int device = npu ? query.device().index() : -1;
+  AliasStorages storages;
+  const auto alias = [&](const at::Tensor& t) { return npu ? owning_alias(t, storages) : t; };
+  const at::Tensor q = alias(query), k = alias(key), v = alias(value);
+  auto c = plain_call(q, k, v, head_num, input_layout, atten_mask, scale, sparse_mode);
+  if (!c) return std::nullopt;
+  const bool record =
+      at::GradMode::is_enabled() && (query.requires_grad() || key.requires_grad() || value.requires_grad());
+  const bool as_given = query.scalar_type() == at::kFloat;
+  SdpaForward f;
+  at::Tensor result, softmax_out, qc, kc, vc;
   {
-    exec::KernelScope scope(op, device);
-    at::AutoGradMode grad_mode(record);
-    r = run(qa, ka, va);
+    std::optional<exec::KernelScope> scope;
+    if (npu) scope.emplace(op, device);
+    at::AutoGradMode no_grad(false);
+    f = sdpa_forward(*c, scale, chunk_elements);
+    result = from_bnsd(f.out, c->layout).to(query.scalar_type());
+    softmax_out = q.new_empty({0});
+    if (record && !as_given) qc = in_float(c->q), kc = in_float(c->k), vc = in_float(c->v);
   }
-  if (!r) return r;
-  auto& [out, smax, ssum, softmax_out, numels] = *r;
-  at::Tensor npu_out = exec::share_result(out, device);
-  if (record && out.requires_grad()) {
-    // an in-place change of the result is seen by the CPU graph (which may have saved it)
-    npu_out.unsafeGetTensorImpl()->set_version_counter(out.unsafeGetTensorImpl()->version_counter());
-    auto node = c10::make_intrusive<CpuGraphBackward>("NpuFusionAttentionBackward0", device,
-                                                      std::move(inputs.cpu_inputs), torch::autograd::variable_list{out},
-                                                      DoubleBackward::kNotImplemented, "npu_fusion_attention_grad");
-    node->set_next_edges(torch::autograd::collect_next_edges(inputs.npu_inputs));
-    torch::autograd::set_history(npu_out, node);
-  }
-  return FusionAttentionResult{npu_out, exec::share_result(smax, device), exec::share_result(ssum, device),
-                               exec::share_result(softmax_out, device), numels};
+  const auto on_device = [&](const at::Tensor& t) { return npu && t.defined() ? exec::share_result(t, device) : t; };
+  const bool result_is_out = result.is_same(f.out);
+  FusionAttentionResult r{on_device(result), on_device(f.smax), on_device(f.ssum), on_device(softmax_out),
+                          c->b * c->n * c->s1 * c->s2};
+  if (!record) return r;
+  at::Tensor& npu_result = std::get<0>(r);
+  auto node = c10::make_intrusive<FusionAttentionBackward>();
+  node->set_next_edges(torch::autograd::collect_next_edges(query, key, value));
+  torch::autograd::set_history(npu_result, node);
+  node->inputs_as_given = as_given;
+  node->q_ = torch::autograd::SavedVariable(as_given ? query : on_device(qc), false);
+  node->k_ = torch::autograd::SavedVariable(as_given ? key : on_device(kc), false);
+  node->v_ = torch::autograd::SavedVariable(as_given ? value : on_device(vc), false);
+  node->out_ = result_is_out ? torch::autograd::SavedVariable(npu_result, true)
+                             : torch::autograd::SavedVariable(on_device(f.out), false);
+  node->lse_ = torch::autograd::SavedVariable(on_device(f.lse), false);
+  node->layout = c->layout;
+  node->head_dim = c->q.size(3);
+  node->causal = c->causal;
+  node->scale = scale;
+  node->device_ = device;
+  node->q_sizes = query.sizes().vec(), node->k_sizes = key.sizes().vec(), node->v_sizes = value.sizes().vec();
+  node->q_dtype = query.scalar_type(), node->k_dtype = key.scalar_type(), node->v_dtype = value.scalar_type();
+  return r;
 }
 
 // The schema's argument positions (npu_fusion_attention(query, key, value, head_num,
@@ -406,11 +527,12 @@ void fusion_attention_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet,
       (mask.isNone() || tensor(kAttenMask))) {
     std::optional<at::Tensor> atten_mask;
     if (!mask.isNone()) atten_mask = mask.toTensor();
-    const auto run = [&](const at::Tensor& query, const at::Tensor& key, const at::Tensor& value) {
-      return fusion_attention_sdpa(query, key, value, args[kHeadNum].toInt(), args[kLayout].toStringRef(),
-                                   atten_mask, args[kScale].toDouble(), args[kSparseMode].toInt(), reader());
-    };
-    auto r = runs_on_aliases(*q, *k, *v) ? run_on_aliases(op, *q, *k, *v, run) : run(*q, *k, *v);
+    const int64_t head_num = args[kHeadNum].toInt(), sparse_mode = args[kSparseMode].toInt();
+    const std::string& layout = args[kLayout].toStringRef();
+    const double scale = args[kScale].toDouble();
+    auto r = takes_one_node(*q, *k, *v)
+                 ? one_node_call(op, *q, *k, *v, head_num, layout, atten_mask, scale, sparse_mode, reader())
+                 : fusion_attention_sdpa(*q, *k, *v, head_num, layout, atten_mask, scale, sparse_mode, reader());
     if (r) {
       auto& [out, smax, ssum, softmax_out, numels] = *r;
       torch::jit::drop(*stack, kArgs);
