@@ -381,8 +381,8 @@ struct FusionAttentionBackward final : torch::autograd::Node {
   torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
     torch::autograd::variable_list result(3);
     const at::Tensor& g = grads[0];
-    std::array<at::Tensor, 5> t = {q_.unpack(), k_.unpack(), v_.unpack(), out_.unpack(getptr()), lse_.unpack()};
     if (!g.defined()) return result;
+    std::array<at::Tensor, 5> t = {q_.unpack(), k_.unpack(), v_.unpack(), out_.unpack(getptr()), lse_.unpack()};
     std::tuple<at::Tensor, at::Tensor, at::Tensor> d;
     if (device_ >= 0 && !at::GradMode::is_enabled()) {
       AliasStorages storages;
