@@ -4,8 +4,6 @@
 #include <c10/core/GradMode.h>
 #include <c10/util/intrusive_ptr.h>
 #include <torch/csrc/autograd/autograd.h>
-#include <torch/csrc/autograd/functions/basic_ops.h>
-#include <torch/csrc/autograd/functions/utils.h>
 
 #include "aten/OpExecution.h"
 
@@ -56,46 +54,32 @@ bool has_no_real_data(const at::Tensor& t) {
 }
 
 CpuGraphBackward::CpuGraphBackward(std::string name, int device, torch::autograd::variable_list cpu_inputs,
-                                   torch::autograd::variable_list cpu_outputs, DoubleBackward double_backward,
-                                   std::string what)
+                                   torch::autograd::variable_list cpu_outputs, std::string what)
     : name_(std::move(name)),
       device_(device),
       cpu_inputs_(std::move(cpu_inputs)),
       cpu_outputs_(std::move(cpu_outputs)),
-      double_backward_(double_backward),
       what_(std::move(what)) {}
 
 torch::autograd::variable_list CpuGraphBackward::apply(torch::autograd::variable_list&& grads) {
   TORCH_CHECK(!released_, torch::autograd::ERR_BACKWARD_TWICE);
-  const bool create_graph = at::GradMode::is_enabled();
-  TORCH_CHECK(!create_graph || double_backward_ != DoubleBackward::kRaise, name_,
-              ": double backward (create_graph=True) through ", what_, " on the NPU is not supported");
-  torch::autograd::variable_list outs, gouts, npu_gouts;
+  TORCH_CHECK(!at::GradMode::is_enabled(), name_, ": double backward (create_graph=True) through ", what_,
+              " on the NPU is not supported");
+  torch::autograd::variable_list outs, gouts;
   for (size_t i = 0; i < grads.size(); ++i) {
     if (!grads[i].defined()) continue;
     outs.push_back(cpu_outputs_[i]);
     gouts.push_back(exec::cpu_alias(grads[i]));
-    npu_gouts.push_back(grads[i]);
   }
   torch::autograd::variable_list result(cpu_inputs_.size());
   if (outs.empty()) return result;
   torch::autograd::variable_list cpu_grads;
   {
     exec::DeviceMemoryScope memory(device_);
-    at::AutoGradMode no_grad(false);
     cpu_grads = torch::autograd::grad(outs, cpu_inputs_, gouts, /*retain_graph=*/true, /*create_graph=*/false,
                                       /*allow_unused=*/true);
   }
   for (size_t i = 0; i < cpu_grads.size(); ++i) result[i] = exec::share_result(cpu_grads[i], device_);
-  if (create_graph) {
-    // the gradients carry a node that raises when they are differentiated (kNotImplemented)
-    torch::autograd::edge_list edges = torch::autograd::collect_next_edges(npu_gouts);
-    for (const auto& e : next_edges()) edges.push_back(e);
-    auto error = c10::make_intrusive<torch::autograd::NotImplemented>(what_, std::move(edges));
-    for (auto& r : result) {
-      if (r.defined()) torch::autograd::set_history(r, error);
-    }
-  }
   return result;
 }
 

@@ -44,21 +44,15 @@ struct CpuGraphInputs {
 // Tensors a CPU kernel cannot read: fake, functional, meta-backed, subclasses.
 bool has_no_real_data(const at::Tensor& t);
 
-// What the backward does under create_graph=True (the CPU graph's backward
-// is not differentiated through the npu node).
-enum class DoubleBackward {
-  kRaise,           // raise "<name>: double backward ... through <what> on the NPU is not supported"
-  kNotImplemented,  // compute the gradients; differentiating them raises "derivative for <what> is not implemented"
-};
-
 // The npu end of a CPU autograd graph recorded by one call: its inputs are
 // the npu outputs (`cpu_outputs` are their CPU counterparts, in order), its
 // next edges the npu inputs that require grad (`cpu_inputs` their aliases,
 // in order). The graph is released with the node, so a retained outer graph
-// can run it again.
+// can run it again. Under create_graph=True it raises "<name>: double backward
+// (create_graph=True) through <what> on the NPU is not supported".
 struct CpuGraphBackward final : torch::autograd::Node {
   CpuGraphBackward(std::string name, int device, torch::autograd::variable_list cpu_inputs,
-                   torch::autograd::variable_list cpu_outputs, DoubleBackward double_backward, std::string what);
+                   torch::autograd::variable_list cpu_outputs, std::string what);
 
   std::string name() const override { return name_; }
   torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override;
@@ -69,7 +63,6 @@ struct CpuGraphBackward final : torch::autograd::Node {
   int device_;
   torch::autograd::variable_list cpu_inputs_;
   torch::autograd::variable_list cpu_outputs_;
-  DoubleBackward double_backward_;
   std::string what_;
   bool released_ = false;
 };

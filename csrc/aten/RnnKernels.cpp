@@ -123,7 +123,7 @@ void run_cpu_implementation(const c10::OperatorHandle& op, torch::jit::Stack* st
   }
   if (!record) return;
   auto node = c10::make_intrusive<CpuGraphBackward>(backward_name(op), device, std::move(inputs.cpu_inputs),
-                                                     std::move(cpu_outputs), DoubleBackward::kRaise, "an RNN");
+                                                     std::move(cpu_outputs), "an RNN");
   node->set_next_edges(torch::autograd::collect_next_edges(inputs.npu_inputs));
   for (const at::Tensor& out : npu_outputs) torch::autograd::set_history(out, node);
 }
