@@ -451,3 +451,15 @@ def test_statistics_loops_give_the_aten_ops_bits(monkeypatch, device):
         torch_npu.npu_fusion_attention(q, k, v, 4, "BSND", scale=0.3)
     names = {e.key for e in prof.key_averages()}
     assert "aten::_scaled_dot_product_flash_attention_for_cpu" in names and "aten::amax" not in names
+
+
+@pytest.mark.parametrize("device", ["cpu", "npu"])
+def test_forward_mode_ad_takes_the_aten_op_path(device):
+    # A dual input (forward-mode AD) is not taken by the one-node path, which would drop the
+    # tangent: the ATen-op path runs and raises the flash kernel's own error, as it did before.
+    import torch.autograd.forward_ad as fwAD
+    q, k, v = (t.detach().to(device) for t in _bsnd(5))
+    with fwAD.dual_level():
+        dual = fwAD.make_dual(q, torch.ones_like(q))
+        with pytest.raises(RuntimeError, match="_scaled_dot_product_flash_attention_for_cpu"):
+            torch_npu.npu_fusion_attention(dual, k, v, 4, "BSND", scale=0.3)

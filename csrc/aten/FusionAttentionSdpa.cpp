@@ -251,9 +251,10 @@ at::Tensor keep_rows(int64_t seed, int64_t offset, int64_t b, int64_t n, int64_t
 }
 
 // The fast path's forward on [B, N, S, D] views: the CPU flash kernel's output and
-// log-sum-exp (differentiable when grad mode is on: its own derivative) and the statistics.
+// log-sum-exp (differentiable when grad mode is on: its own derivative), the statistics, and
+// the float32 [B, N, S, D] inputs the kernel read.
 struct SdpaForward {
-  at::Tensor out, lse, smax, ssum;
+  at::Tensor out, lse, smax, ssum, q, k, v;
 };
 SdpaForward sdpa_forward(const Call& c, double scale, int64_t chunk_elements) {
   const at::Tensor qc = in_float(c.q), kc = in_float(c.k), vc = in_float(c.v);
@@ -262,7 +263,7 @@ SdpaForward sdpa_forward(const Call& c, double scale, int64_t chunk_elements) {
   const at::Tensor m = row_max(qc, kc, scale, c.causal, chunk_elements);
   // sum_j exp(x_j - max) = exp(lse - max): no row is fully masked on this path
   const at::Tensor s = at::exp(lse - m);
-  return SdpaForward{out, lse, merge_stats(m, at::kFloat), merge_stats(s, at::kFloat)};
+  return SdpaForward{out, lse, merge_stats(m, at::kFloat), merge_stats(s, at::kFloat), qc, kc, vc};
 }
 
 }  // namespace
@@ -457,7 +458,7 @@ std::optional<FusionAttentionResult> one_node_call(const c10::OperatorHandle& op
       at::GradMode::is_enabled() && (query.requires_grad() || key.requires_grad() || value.requires_grad());
   const bool as_given = query.scalar_type() == at::kFloat;
   SdpaForward f;
-  at::Tensor result, softmax_out, qc, kc, vc;
+  at::Tensor result, softmax_out;
   {
     std::optional<exec::KernelScope> scope;
     if (npu) scope.emplace(op, device);
@@ -465,7 +466,6 @@ std::optional<FusionAttentionResult> one_node_call(const c10::OperatorHandle& op
     f = sdpa_forward(*c, scale, chunk_elements);
     result = from_bnsd(f.out, c->layout).to(query.scalar_type());
     softmax_out = q.new_empty({0});
-    if (record && !as_given) qc = in_float(c->q), kc = in_float(c->k), vc = in_float(c->v);
   }
   const auto on_device = [&](const at::Tensor& t) { return npu && t.defined() ? exec::share_result(t, device) : t; };
   const bool result_is_out = result.is_same(f.out);
@@ -477,9 +477,9 @@ std::optional<FusionAttentionResult> one_node_call(const c10::OperatorHandle& op
   node->set_next_edges(torch::autograd::collect_next_edges(query, key, value));
   torch::autograd::set_history(npu_result, node);
   node->inputs_as_given = as_given;
-  node->q_ = torch::autograd::SavedVariable(as_given ? query : on_device(qc), false);
-  node->k_ = torch::autograd::SavedVariable(as_given ? key : on_device(kc), false);
-  node->v_ = torch::autograd::SavedVariable(as_given ? value : on_device(vc), false);
+  node->q_ = torch::autograd::SavedVariable(as_given ? query : on_device(f.q), false);
+  node->k_ = torch::autograd::SavedVariable(as_given ? key : on_device(f.k), false);
+  node->v_ = torch::autograd::SavedVariable(as_given ? value : on_device(f.v), false);
   node->out_ = result_is_out ? torch::autograd::SavedVariable(npu_result, true)
                              : torch::autograd::SavedVariable(on_device(f.out), false);
   node->lse_ = torch::autograd::SavedVariable(on_device(f.lse), false);

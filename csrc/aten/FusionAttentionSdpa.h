@@ -52,4 +52,3 @@ FusionAttentionResult fusion_attention_small_dropout(const at::Tensor& query, co
 void set_chunk_elements_reader(int64_t (*reader)());
 
 }  // namespace torch_npu::kernels
-
