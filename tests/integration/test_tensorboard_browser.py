@@ -259,10 +259,20 @@ def test_views_render_in_headless_chromium(chromium, tensorboard, profiled, tmp_
                               WIDTH, HEIGHT) as browser:
             browser.open(f"{tensorboard}{PLUGIN}/index.html")
 
-            # Overview: the default view
-            browser.wait_for("document.body && document.body.innerText.includes('Step Time Breakdown')", 90)
+            # Overview: the default view. Its panels fetch their data separately and
+            # fill in one by one, so wait for all of them, then say which is missing.
+            expected_text = ("Step Time Breakdown", "GPU Summary", profiled["device_name"],
+                             "Execution Summary", profiled["run"])
+            everything = " && ".join(["document.body"] + [
+                f"document.body.innerText.includes({json.dumps(t)})" for t in expected_text] + [
+                "document.querySelectorAll('[data-chart=SteppedAreaChart] tr').length > "
+                f"{len(RECORDED_STEPS)}"])
+            try:
+                browser.wait_for(everything, 90)
+            except BrowserError:
+                pass            # the assertions below name what never appeared
             text = _text(browser)
-            for expected in ("GPU Summary", profiled["device_name"], "Execution Summary", profiled["run"]):
+            for expected in expected_text:
                 assert expected in text, expected
             steps = browser.evaluate("[...document.querySelectorAll('[data-chart=SteppedAreaChart] tr')]"
                                      ".slice(1).map(tr => tr.cells[0].innerText)")
