@@ -457,6 +457,9 @@ def test_npu_tensor_crosses_a_spawned_process(tmp_path):
         def child(q_in, q_out):
             t = q_in.get()
             q_out.put((str(t.device), (t * 2).cpu()))
+            # a tensor put on a queue travels as a file descriptor that its sender serves:
+            # stay alive until the parent has it (torch.multiprocessing's rule)
+            q_in.get(timeout=120)
 
         if __name__ == "__main__":
             ctx = mp.get_context("spawn")
@@ -465,6 +468,7 @@ def test_npu_tensor_crosses_a_spawned_process(tmp_path):
             proc.start()
             q_in.put(torch.arange(5.0, device="npu"))
             device, doubled = q_out.get(timeout=120)
+            q_in.put("received")
             proc.join(60)
             print(device, doubled.tolist(), proc.exitcode)
     """))

@@ -119,9 +119,9 @@ def test_bottom_right_causal_with_unequal_lengths_stays_on_the_composition():
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_small_dropout_call_is_one_autograd_block_equal_to_the_blocked_engine(monkeypatch, causal):
-    # A small call with dropout runs as plain differentiable ATen ops (no autograd.Function);
-    # its forward is the blocked engine's formula with the same keep mask, so the results are
-    # the same bits, and the gradients agree with the engine's backward.
+    # A small call with dropout runs in one block (one autograd node, the derivative of its
+    # ATen ops); its forward is the blocked engine's formula with the same keep mask, so the
+    # results are the same bits, and the gradients agree with the engine's backward.
     from torch_npu.op_plugin.attention import flash as attention_flash
     g = torch.Generator().manual_seed(4)
     q, k, v = (torch.randn(2, 8, 4, 16, generator=g).npu().requires_grad_() for _ in range(3))
@@ -139,7 +139,7 @@ def test_small_dropout_call_is_one_autograd_block_equal_to_the_blocked_engine(mo
         return res, grads
 
     (out, smax, ssum, _, seed, offset, _), grads = run()
-    assert out.grad_fn is not None and "FusionAttention" not in type(out.grad_fn).__name__
+    assert out.grad_fn.name() == "NpuFusionAttentionBackward0"   # the one-node path
     monkeypatch.setattr(attention_flash, "SMALL_ELEMENTS", 0)  # the blocked engine
     (ref, rmax, rsum, _, rseed, roffset, _), rgrads = run()
     assert "FusionAttention" in type(ref.grad_fn).__name__
@@ -260,6 +260,7 @@ def test_the_common_call_without_dropout_skips_the_python_kernel(monkeypatch, de
 
 
 def test_every_other_call_reaches_the_python_kernel(monkeypatch):
+    from torch_npu.op_plugin.attention import flash
     entries = _python_kernel_entries(monkeypatch)
     q, k, v = (torch.randn(1, 2, 6, 4).npu() for _ in range(3))
 
@@ -269,7 +270,12 @@ def test_every_other_call_reaches_the_python_kernel(monkeypatch):
         return bool(entries)
 
     assert not entered(q, k, v, 2, "BNSD", scale=0.5)
-    assert entered(q, k, v, 2, "BNSD", keep_prob=0.9)                              # dropout
+    assert not entered(q, k, v, 2, "BNSD", keep_prob=0.9)      # small, on npu: C++ draws the seed
+    assert entered(q.cpu(), k.cpu(), v.cpu(), 2, "BNSD", keep_prob=0.9)           # dropout on CPU tensors
+    with _Counts():                                 # a dispatch mode (make_fx refuses the draw)
+        assert entered(q, k, v, 2, "BNSD", keep_prob=0.9)
+    monkeypatch.setattr(flash, "SMALL_ELEMENTS", 0)
+    assert entered(q, k, v, 2, "BNSD", keep_prob=0.9)          # dropout over more than one block
     assert entered(q, k, v, 2, "BNSD", pse=torch.randn(1, 2, 6, 6).npu())
     assert entered(q, k, v, 2, "BNSD", atten_mask=torch.rand(6, 6).npu() > 0.5)    # a mask SDPA cannot express
     assert entered(q, k, v, 2, "BNSD", prefix=[1])
@@ -358,6 +364,117 @@ def test_one_node_path_is_bitwise_the_aten_op_path(device, layout, n_kv, dtype):
         for a, b in zip(got[:4] + got_grads, want[:4] + want_grads):
             assert a.device.type == device and a.dtype == b.dtype and a.shape == b.shape
             assert torch.equal(a.detach().cpu(), b.detach().cpu())
+
+
+def _dropout_call(q, k, v, layout, causal, seed=11):
+    """npu_fusion_attention with dropout (keep_prob 0.8) after torch.npu.manual_seed(seed)."""
+    torch.npu.manual_seed(seed)
+    kw = dict(scale=0.3, keep_prob=0.8)
+    if causal:
+        kw.update(atten_mask=TEMPLATE.to(q.device), sparse_mode=2)
+    return torch_npu.npu_fusion_attention(q, k, v, 4, layout, **kw)
+
+
+@pytest.mark.parametrize("layout,n_kv", [("BSH", 4), ("SBH", 4), ("BSND", 2), ("BNSD", 1), ("BNSD", 4)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("causal", [False, True])
+def test_one_node_dropout_path_is_bitwise_the_aten_op_path(layout, n_kv, dtype, causal):
+    # A small call with dropout on npu tensors draws (seed, offset) in C++ and gets one node
+    # whose backward is autograd's derivative of the forward's ATen ops, formula for formula;
+    # under a TorchDispatchMode the Python kernel runs those ATen ops with autograd recording
+    # them. Same keep mask, same bits forward and backward, also for partial requires_grad.
+    gen = torch.Generator().manual_seed(3)
+    q = _layout_tensor(layout, 2, 9, 4, 8, dtype, gen).detach()
+    k, v = (_layout_tensor(layout, 2, 9, n_kv, 8, dtype, gen).detach() for _ in range(2))
+    dy = torch.randn(q.shape, generator=gen).to(dtype).npu()
+    for wants_grad in ((q, k, v), (v,), (q, k)):
+        for t in (q, k, v):
+            t.requires_grad_(any(t is w for w in wants_grad))
+        got = _dropout_call(q, k, v, layout, causal)
+        assert got[0].grad_fn.name() == "NpuFusionAttentionBackward0"
+        got_grads = torch.autograd.grad(got[0], wants_grad, dy)
+        got_state = torch.npu.get_rng_state()
+        ops = _Ops()
+        with ops:
+            want = _dropout_call(q, k, v, layout, causal)
+            want_grads = torch.autograd.grad(want[0], wants_grad, dy)
+        assert "aten.bmm.default" in ops.names and "aten.exp.default" in ops.names
+        assert got[4:] == want[4:] and got[4:6] == (11, 0)
+        assert torch.equal(got_state, torch.npu.get_rng_state())
+        for a, b in zip(got[:4] + got_grads, want[:4] + want_grads):
+            assert a.device.type == "npu" and a.dtype == b.dtype and a.shape == b.shape
+            assert torch.equal(a.detach().cpu(), b.detach().cpu())
+
+
+def test_one_node_dropout_path_autograd_edges():
+    q, k, v = _bsnd(6)
+    dy = torch.randn(2, 9, 4, 8).npu()
+    ref = torch.autograd.grad(_dropout_call(q, k, v, "BSND", True)[0], (q, k, v), dy)
+    # the same tensor as key and value: gradients summed, as on the ATen-op path
+    kv = k.detach().clone().requires_grad_()
+    with _Ops():
+        want = torch.autograd.grad(_dropout_call(q, kv, kv, "BSND", True)[0], (q, kv), dy)
+    got = torch.autograd.grad(_dropout_call(q, kv, kv, "BSND", True)[0], (q, kv), dy)
+    assert all(torch.equal(a.cpu(), b.cpu()) for a, b in zip(got, want))
+    # retain_graph: a second backward gives the same gradients; without it, the usual error
+    out = _dropout_call(q, k, v, "BSND", True)[0]
+    first = torch.autograd.grad(out, (q, k, v), dy, retain_graph=True)
+    second = torch.autograd.grad(out, (q, k, v), dy)
+    assert all(torch.equal(a.cpu(), b.cpu()) and torch.equal(a.cpu(), r.cpu())
+               for a, b, r in zip(first, second, ref))
+    with pytest.raises(RuntimeError, match="Trying to backward through the graph a second time"):
+        torch.autograd.grad(out, (q, k, v), dy)
+    # create_graph: first-order gradients as usual; differentiating them raises (the real
+    # op's backward, npu_fusion_attention_grad, has no derivative)
+    dq = torch.autograd.grad(_dropout_call(q, k, v, "BSND", True)[0], q, dy, create_graph=True)[0]
+    assert torch.equal(dq.detach().cpu(), ref[0].cpu()) and dq.requires_grad
+    with pytest.raises(RuntimeError, match="derivative for npu::npu_fusion_attention_grad is not implemented"):
+        dq.sum().backward()
+
+
+def test_dropout_path_memory_is_npu_memory_freed_with_the_graph():
+    # the forward's saved tensors (the logits' exp, the keep mask, the bmm operands) count as
+    # npu memory while the graph lives, and are freed with it
+    q, k, v = _bsnd(9)
+    dy = torch.randn(2, 9, 4, 8).npu()
+    torch.npu.synchronize()
+    before = torch.npu.memory_allocated()
+    for _ in range(2):
+        out = _dropout_call(q, k, v, "BSND", True)[0]
+        held = torch.npu.memory_allocated()
+        grads = torch.autograd.grad(out, (q, k, v), dy)
+        del out, grads
+        assert held > before + 2 * 4 * 9 * 9 * 4 and torch.npu.memory_allocated() == before
+
+
+@pytest.mark.parametrize("mode", [contextlib.nullcontext, _Ops])
+def test_dropout_path_sees_in_place_changes_before_backward(mode):
+    # BNSD float32: the first bmm reads q and k as views, and autograd keeps those views
+    q, k, v = (t.detach().transpose(1, 2).contiguous().requires_grad_() for t in _bsnd(7, n_kv=4))
+    with mode():
+        out = _dropout_call(q, k, v, "BNSD", False)[0]
+    with torch.no_grad():
+        q.mul_(2)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.sum().backward()
+
+
+def test_dropout_path_under_checkpoint():
+    # checkpoint restores the npu generator before recomputing, so the recomputed forward
+    # draws the same (seed, offset) and keep mask
+    from torch.utils.checkpoint import checkpoint
+    q, k, v = _bsnd(8)
+    dy = torch.randn(2, 9, 4, 8).npu()
+    want = torch.autograd.grad(_dropout_call(q, k, v, "BSND", True)[0], (q, k, v), dy)
+    for reentrant in (False, True):
+        for t in (q, k, v):
+            t.grad = None
+        torch.npu.manual_seed(11)
+        out = checkpoint(lambda a, b, c: torch_npu.npu_fusion_attention(
+            a, b, c, 4, "BSND", atten_mask=TEMPLATE.npu(), sparse_mode=2, scale=0.3, keep_prob=0.8)[0],
+            q, k, v, use_reentrant=reentrant)
+        out.backward(dy)
+        assert all(torch.equal(t.grad.cpu(), b.cpu()) for t, b in zip((q, k, v), want))
 
 
 def test_npu_fast_path_autograd_edges():

@@ -9,6 +9,7 @@
 
 #include "aten/CpuGraph.h"
 #include "aten/OpExecution.h"
+#include "core/NPUGenerator.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -16,12 +17,15 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/basic_ops.h>
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/saved_variable.h>
 #include <torch/library.h>
 
 #include <array>
 #include <atomic>
+#include <mutex>
+#include <utility>
 
 #include <algorithm>
 #include <cmath>
@@ -291,6 +295,50 @@ bool fusion_attention_small_dropout_applies(const at::Tensor& query, const at::T
          rows_per_block(chunk_elements, c->b, c->n, c->s1, c->s2) >= c->s1;
 }
 
+namespace {
+
+// flash.small_dropout_attention's forward on one of plain_call's calls, op for op, with
+// at::matmul's steps spelled out (expand, reshape to 3-d, bmm), so that the one-node path can
+// keep the operands its backward needs. With grad mode on, autograd records these ops (the
+// ATen-op path); the one-node path runs it without recording and keeps `saved`.
+struct SmallDropout {
+  at::Tensor result, smax, ssum;
+  // the bmm operands ([B*Nkv, rows, cols]), exp(x - max), its row sums, the dropped
+  // positions and the causal mask (undefined when not causal)
+  at::Tensor q3, k3, p3, v3, e, total, dropped, causal_mask;
+};
+SmallDropout small_dropout_forward(const Call& c, at::ScalarType dtype, double scale, double keep_prob, int64_t seed,
+                                   int64_t offset) {
+  const int64_t b = c.b, n = c.n, s1 = c.s1, s2 = c.s2, n_kv = c.n_kv, d = c.q.size(3), dv = c.v.size(3);
+  const int64_t rows = (n / n_kv) * s1;
+  SmallDropout f;
+  const at::Tensor q = in_float(c.q), k = in_float(c.k), v = in_float(c.v);
+  f.q3 = q.reshape({b, n_kv, rows, d}).expand({b, n_kv, rows, d}).reshape({b * n_kv, rows, d});
+  f.k3 = k.transpose(-1, -2).expand({b, n_kv, d, s2}).reshape({b * n_kv, d, s2});
+  at::Tensor x = at::bmm(f.q3, f.k3).view({b, n, s1, s2}).mul(scale);
+  if (c.causal) {
+    f.causal_mask = at::ones({s1, s2}, x.options().dtype(at::kBool)).triu_(1);
+    x = x.masked_fill(f.causal_mask, -INFINITY);
+  }
+  const at::Tensor row_max = x.detach().amax(-1, /*keepdim=*/true);
+  f.e = at::exp(x - row_max);
+  f.total = f.e.sum(-1, /*keepdim=*/true);
+  f.dropped = keep_rows(seed, offset, b, n, s1, s2, keep_prob, x.device()).bitwise_not();
+  const at::Tensor p = (f.e / f.total).masked_fill(f.dropped, 0.0).mul(1.0 / keep_prob);
+  f.p3 = p.reshape({b, n_kv, rows, s2}).expand({b, n_kv, rows, s2}).reshape({b * n_kv, rows, s2});
+  f.v3 = v.expand({b, n_kv, s2, dv}).reshape({b * n_kv, s2, dv});
+  const at::Tensor out = at::bmm(f.p3, f.v3).view({b, n, s1, dv});
+  {
+    at::NoGradGuard no_grad;
+    f.smax = merge_stats(row_max.squeeze(-1), at::kFloat);
+    f.ssum = merge_stats(f.total.detach().squeeze(-1), at::kFloat);
+  }
+  f.result = from_bnsd(out, c.layout).to(dtype);
+  return f;
+}
+
+}  // namespace
+
 FusionAttentionResult fusion_attention_small_dropout(const at::Tensor& query, const at::Tensor& key,
                                                      const at::Tensor& value, int64_t head_num,
                                                      const std::string& input_layout,
@@ -299,35 +347,13 @@ FusionAttentionResult fusion_attention_small_dropout(const at::Tensor& query, co
                                                      int64_t offset) {
   auto c = plain_call(query, key, value, head_num, input_layout, atten_mask, scale, sparse_mode);
   TORCH_CHECK(c.has_value(), "fusion_attention_small_dropout: a call fusion_attention_small_dropout_applies refuses");
-  const int64_t b = c->b, n = c->n, s1 = c->s1, s2 = c->s2, n_kv = c->n_kv, dv = c->v.size(3);
-  const at::Tensor q = in_float(c->q), k = in_float(c->k), v = in_float(c->v);
-  // flash.small_dropout_attention, op for op
-  at::Tensor x = at::matmul(q.reshape({b, n_kv, (n / n_kv) * s1, q.size(3)}), k.transpose(-1, -2))
-                     .view({b, n, s1, s2})
-                     .mul(scale);
-  if (c->causal) {
-    x = x.masked_fill(at::ones({s1, s2}, x.options().dtype(at::kBool)).triu_(1), -INFINITY);
-  }
-  const at::Tensor row_max = x.detach().amax(-1, /*keepdim=*/true);
-  const at::Tensor e = at::exp(x - row_max);
-  const at::Tensor total = e.sum(-1, /*keepdim=*/true);
-  at::Tensor p = e / total;
-  p = p.masked_fill(keep_rows(seed, offset, b, n, s1, s2, keep_prob, p.device()).bitwise_not(), 0.0)
-          .mul(1.0 / keep_prob);
-  const at::Tensor out = at::matmul(p.reshape({b, n_kv, (n / n_kv) * s1, s2}), v).view({b, n, s1, dv});
-  at::Tensor smax, ssum;
-  {
-    at::NoGradGuard no_grad;
-    smax = merge_stats(row_max.squeeze(-1), at::kFloat);
-    ssum = merge_stats(total.detach().squeeze(-1), at::kFloat);
-  }
-  at::Tensor result = from_bnsd(out, c->layout).to(query.scalar_type());
-  return FusionAttentionResult{result, smax, ssum, query.new_empty({0}), b * n * s1 * s2};
+  SmallDropout f = small_dropout_forward(*c, query.scalar_type(), scale, keep_prob, seed, offset);
+  return FusionAttentionResult{f.result, f.smax, f.ssum, query.new_empty({0}), c->b * c->n * c->s1 * c->s2};
 }
 
 namespace {
 
-std::atomic<int64_t (*)()> chunk_elements_reader{nullptr};
+std::atomic<FlashSizes (*)()> flash_sizes_reader{nullptr};
 
 // The Python kernel's _plain: a plain eager tensor (no FakeTensor / FunctionalTensor or other
 // Python subclass with a dispatch key, whose symbolic sizes this path cannot read).
@@ -493,6 +519,167 @@ std::optional<FusionAttentionResult> one_node_call(const c10::OperatorHandle& op
   return r;
 }
 
+// The backward of one_node_dropout_call's result: autograd's derivative of
+// small_dropout_forward's ops, formula for formula and in the same order (bmm, mul, masked_fill,
+// div, sum, exp), so the gradients are bitwise those of the ATen-op path. The operands are the
+// forward's, kept as CPU tensors (on npu: CPU aliases of the device memory, sharing the inputs'
+// version counters), and on npu it runs as one npu kernel. Under create_graph=True the
+// gradients it returns carry a node that raises "derivative for npu::npu_fusion_attention_grad is
+// not implemented" when differentiated, as the real op's backward has no derivative.
+struct FusionAttentionDropoutBackward final : torch::autograd::Node {
+  std::string name() const override { return "NpuFusionAttentionBackward0"; }
+
+  torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
+    torch::autograd::variable_list result(3);
+    const at::Tensor& g = grads[0];
+    if (!g.defined()) return result;
+    const bool create_graph = at::GradMode::is_enabled();
+    std::array<at::Tensor, 3> d;
+    {
+      at::NoGradGuard no_grad;
+      if (device_ >= 0) {
+        AliasStorages storages;
+        const at::Tensor ga = owning_alias(g, storages);
+        {
+          exec::KernelScope scope(grad_op(), device_);
+          d = math(ga);
+        }
+        for (auto& t : d) {
+          if (t.defined()) t = exec::share_result(t, device_);
+        }
+      } else {
+        d = math(g);
+      }
+    }
+    c10::intrusive_ptr<torch::autograd::Node> not_implemented;
+    if (create_graph) {
+      not_implemented = c10::make_intrusive<torch::autograd::NotImplemented>("npu::npu_fusion_attention_grad",
+                                                                          torch::autograd::collect_next_edges(g));
+    }
+    for (size_t i = 0; i < 3; ++i) {
+      if (!should_compute_output(i) || !d[i].defined()) continue;
+      if (not_implemented) torch::autograd::set_history(d[i], not_implemented);
+      result[i] = std::move(d[i]);
+    }
+    return result;
+  }
+
+  void release_variables() override {
+    for (auto* v : {&q3_, &k3_, &p3_, &v3_, &e_, &total_, &dropped_, &causal_mask_}) v->reset_data();
+  }
+
+  torch::autograd::SavedVariable q3_, k3_, p3_, v3_, e_, total_, dropped_, causal_mask_;
+  Layout layout = Layout::BNSD;
+  int64_t head_dim = 0, b = 0, n = 0, s1 = 0, n_kv = 0, s2 = 0;
+  double scale = 1.0, keep_prob = 1.0;
+  int device_ = -1;  // the npu device, -1 for CPU tensors
+  std::vector<int64_t> q_sizes, k_sizes, v_sizes;
+  at::ScalarType q_dtype = at::kFloat, k_dtype = at::kFloat, v_dtype = at::kFloat;
+
+ private:
+  std::array<at::Tensor, 3> math(const at::Tensor& g) const {
+    const int64_t rows = (n / n_kv) * s1, d = head_dim;
+    const at::Tensor q3 = q3_.unpack(), k3 = k3_.unpack(), p3 = p3_.unpack(), v3 = v3_.unpack();
+    const at::Tensor e = e_.unpack(), total = total_.unpack();
+    const int64_t dv = v3.size(2);
+    // from_bnsd and the dtype cast undone, then the output's view and _unsafe_view
+    const at::Tensor go = to_bnsd(in_float(g), layout, head_dim).reshape({b, n_kv, rows, dv}).reshape({b * n_kv, rows, dv});
+    std::array<at::Tensor, 3> out;
+    if (should_compute_output(2)) {  // bmm(p3, v3): mat2
+      const at::Tensor dv3 = p3.transpose(1, 2).bmm(go);
+      out[2] = grad_from_bnsd(dv3.reshape({b, n_kv, s2, dv}).to(v_dtype), layout, v_sizes);
+    }
+    if (!should_compute_output(0) && !should_compute_output(1)) return out;
+    // bmm(p3, v3): self; back through p's reshapes, the 1/keep_prob scaling and the dropout
+    at::Tensor dp = go.bmm(v3.transpose(1, 2)).reshape({b, n_kv, rows, s2}).reshape({b, n, s1, s2});
+    dp = dp.mul(1.0 / keep_prob).masked_fill(dropped_.unpack(), 0.0);
+    // p = e / total: both operands; total = e.sum(-1, keepdim): its grad expanded; e's two
+    // grads summed (the engine's input buffer)
+    const at::Tensor de_div = dp / total;
+    const at::Tensor dtotal = (-dp * ((e / total) / total)).sum(-1, /*keepdim=*/true);
+    at::Tensor dx = (de_div + dtotal.expand({b, n, s1, s2})) * e;  // exp: grad * result; x - max: grad
+    const at::Tensor causal_mask = causal_mask_.unpack();
+    if (causal_mask.defined()) dx = dx.masked_fill(causal_mask, 0.0);
+    const at::Tensor dx3 = dx.mul(scale).reshape({b, n_kv, rows, s2}).reshape({b * n_kv, rows, s2});
+    if (should_compute_output(0)) {  // bmm(q3, k3): self
+      const at::Tensor dq3 = dx3.bmm(k3.transpose(1, 2));
+      out[0] = grad_from_bnsd(dq3.reshape({b, n_kv, rows, d}).reshape({b, n, s1, d}).to(q_dtype), layout, q_sizes);
+    }
+    if (should_compute_output(1)) {  // bmm(q3, k3): mat2, then k's transpose
+      const at::Tensor dk3 = q3.transpose(1, 2).bmm(dx3);
+      out[1] = grad_from_bnsd(dk3.reshape({b, n_kv, d, s2}).transpose(-1, -2).to(k_dtype), layout, k_sizes);
+    }
+    return out;
+  }
+};
+
+// fusion_attention_small_dropout's calls as one autograd node, as one_node_call does for the
+// calls without dropout: the forward unrecorded (on npu tensors: on CPU aliases, as one npu
+// kernel), and one FusionAttentionDropoutBackward node. The (seed, offset) pair is drawn by
+// the caller.
+FusionAttentionResult one_node_dropout_call(const c10::OperatorHandle& op, const Call& call, const at::Tensor& query,
+                                            const at::Tensor& key, const at::Tensor& value, double scale,
+                                            double keep_prob, int64_t seed, int64_t offset) {
+  const bool npu = query.device().type() == c10::DeviceType::PrivateUse1;
+  const int device = npu ? query.device().index() : -1;
+  const bool record =
+      at::GradMode::is_enabled() && (query.requires_grad() || key.requires_grad() || value.requires_grad());
+  SmallDropout f;
+  at::Tensor softmax_out;
+  {
+    std::optional<exec::KernelScope> scope;
+    if (npu) scope.emplace(op, device);
+    at::AutoGradMode no_grad(false);
+    f = small_dropout_forward(call, query.scalar_type(), scale, keep_prob, seed, offset);
+    softmax_out = call.q.new_empty({0});
+  }
+  const auto on_device = [&](const at::Tensor& t) { return npu ? exec::share_result(t, device) : t; };
+  FusionAttentionResult r{on_device(f.result), on_device(f.smax), on_device(f.ssum), on_device(softmax_out),
+                          call.b * call.n * call.s1 * call.s2};
+  if (!record) return r;
+  auto node = c10::make_intrusive<FusionAttentionDropoutBackward>();
+  node->set_next_edges(torch::autograd::collect_next_edges(query, key, value));
+  torch::autograd::set_history(std::get<0>(r), node);
+  const auto save = [](const at::Tensor& t) { return torch::autograd::SavedVariable(t, false); };
+  node->q3_ = save(f.q3), node->k3_ = save(f.k3), node->p3_ = save(f.p3), node->v3_ = save(f.v3);
+  node->e_ = save(f.e), node->total_ = save(f.total), node->dropped_ = save(f.dropped);
+  if (f.causal_mask.defined()) node->causal_mask_ = save(f.causal_mask);
+  node->layout = call.layout;
+  node->head_dim = call.q.size(3);
+  node->b = call.b, node->n = call.n, node->s1 = call.s1, node->n_kv = call.n_kv, node->s2 = call.s2;
+  node->scale = scale, node->keep_prob = keep_prob;
+  node->device_ = device;
+  node->q_sizes = query.sizes().vec(), node->k_sizes = key.sizes().vec(), node->v_sizes = value.sizes().vec();
+  node->q_dtype = query.scalar_type(), node->k_dtype = key.scalar_type(), node->v_dtype = value.scalar_type();
+  return r;
+}
+
+// dropout_mask.draw_seed_offset for a call on npu device `device`: (seed, offset) from its
+// default generator, whose offset advances by dropout_mask._OFFSET_STEP (the generator's
+// unsigned halves read as int64, as the Python helper returns them).
+constexpr uint64_t kOffsetStep = 10;
+std::pair<int64_t, int64_t> draw_seed_offset(c10::DeviceIndex device) {
+  at::Generator gen = torch_npu::default_generator(device);
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  auto* impl = gen.get<torch_npu::NPUGeneratorImpl>();
+  const uint64_t seed = impl->current_seed(), offset = impl->get_offset();
+  impl->set_offset(offset + kOffsetStep);
+  return {static_cast<int64_t>(seed), static_cast<int64_t>(offset)};
+}
+
+// Whether a dropout call may draw its seed here rather than in the Python kernel: npu tensors
+// (the device, and so its generator and any manual_seed queued before it, is initialised)
+// with real data on one device, and no TorchDispatchMode (a graph being recorded, where the
+// Python kernel refuses the draw, the stream sanitizer).
+bool draws_here(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  if (c10::impl::TorchDispatchModeTLS::stack_len() > 0) return false;
+  if (q.device().type() != c10::DeviceType::PrivateUse1) return false;
+  for (const at::Tensor* t : {&q, &k, &v}) {
+    if (t->device() != q.device() || has_no_real_data(*t)) return false;
+  }
+  return true;
+}
+
 // The schema's argument positions (npu_fusion_attention(query, key, value, head_num,
 // input_layout, pse, padding_mask, atten_mask, scale, keep_prob, pre_tockens, next_tockens,
 // inner_precise, prefix, actual_seq_qlen, actual_seq_kvlen, sparse_mode, gen_mask_parallel,
@@ -503,8 +690,9 @@ enum Arg : size_t {
   kScale = 8, kKeepProb = 9, kPrefix = 13, kSeqQ = 14, kSeqKv = 15, kSparseMode = 16, kSink = 20, kDropoutMask = 21,
 };
 
-// npu::npu_fusion_attention at the Autograd keys of CPU and npu: the common case without dropout (no pse, no mask or a top-left causal one; see fusion_attention_sdpa)
-// runs here without the Python kernel's per-call cost (boxing two dozen arguments into
+// npu::npu_fusion_attention at the Autograd keys of CPU and npu: the common case (no pse, no
+// mask or a top-left causal one; see fusion_attention_sdpa) without dropout, and on npu
+// tensors with dropout on a small call (fusion_attention_small_dropout), runs here without the Python kernel's per-call cost (boxing two dozen arguments into
 // Python and back); every other call, and every argument error, goes to the Python
 // CompositeImplicitAutograd kernel exactly as if this kernel did not exist. The op keeps no
 // backend-key kernel (the registry's rule for emulated ops), so under inference mode, which
@@ -519,25 +707,47 @@ void fusion_attention_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet,
   const at::Tensor* k = tensor(kKey);
   const at::Tensor* v = tensor(kValue);
   const c10::IValue& mask = args[kAttenMask];
-  auto reader = chunk_elements_reader.load(std::memory_order_acquire);
+  auto reader = flash_sizes_reader.load(std::memory_order_acquire);
   if (q && k && v && reader && args[kPse].isNone() && args[kPaddingMask].isNone() && args[kPrefix].isNone() &&
       args[kSeqQ].isNone() && args[kSeqKv].isNone() && args[kSink].isNone() && args[kDropoutMask].isNone() &&
-      args[kKeepProb].isDouble() && args[kKeepProb].toDouble() == 1.0 && args[kHeadNum].isInt() &&
-      args[kScale].isDouble() && args[kSparseMode].isInt() && args[kLayout].isString() &&
-      (mask.isNone() || tensor(kAttenMask))) {
+      args[kKeepProb].isDouble() && args[kHeadNum].isInt() && args[kScale].isDouble() && args[kSparseMode].isInt() &&
+      args[kLayout].isString() && (mask.isNone() || tensor(kAttenMask))) {
     std::optional<at::Tensor> atten_mask;
     if (!mask.isNone()) atten_mask = mask.toTensor();
     const int64_t head_num = args[kHeadNum].toInt(), sparse_mode = args[kSparseMode].toInt();
     const std::string& layout = args[kLayout].toStringRef();
-    const double scale = args[kScale].toDouble();
-    auto r = takes_one_node(*q, *k, *v)
-                 ? one_node_call(op, *q, *k, *v, head_num, layout, atten_mask, scale, sparse_mode, reader())
-                 : fusion_attention_sdpa(*q, *k, *v, head_num, layout, atten_mask, scale, sparse_mode, reader());
+    const double scale = args[kScale].toDouble(), keep_prob = args[kKeepProb].toDouble();
+    std::optional<FusionAttentionResult> r;
+    int64_t seed = 0, offset = 0;
+    if (keep_prob == 1.0) {
+      const int64_t chunk = reader().chunk_elements;
+      r = takes_one_node(*q, *k, *v)
+              ? one_node_call(op, *q, *k, *v, head_num, layout, atten_mask, scale, sparse_mode, chunk)
+              : fusion_attention_sdpa(*q, *k, *v, head_num, layout, atten_mask, scale, sparse_mode, chunk);
+    } else if (keep_prob > 0 && keep_prob < 1 && draws_here(*q, *k, *v)) {
+      // the Python kernel's small-dropout path: checks, then the draw, then the same ATen ops
+      // (autograd records them, as under the Python kernel)
+      const FlashSizes sizes = reader();
+      if (fusion_attention_small_dropout_applies(*q, *k, *v, head_num, layout, atten_mask, scale, sparse_mode,
+                                                 sizes.chunk_elements, sizes.small_elements)) {
+        std::tie(seed, offset) = draw_seed_offset(q->device().index());
+        if (takes_one_node(*q, *k, *v)) {
+          AliasStorages storages;
+          const at::Tensor qa = owning_alias(*q, storages), ka = owning_alias(*k, storages),
+                           va = owning_alias(*v, storages);
+          const auto call = plain_call(qa, ka, va, head_num, layout, atten_mask, scale, sparse_mode);
+          r = one_node_dropout_call(op, *call, *q, *k, *v, scale, keep_prob, seed, offset);
+        } else {
+          r = fusion_attention_small_dropout(*q, *k, *v, head_num, layout, atten_mask, scale, sparse_mode,
+                                             keep_prob, seed, offset);
+        }
+      }
+    }
     if (r) {
       auto& [out, smax, ssum, softmax_out, numels] = *r;
       torch::jit::drop(*stack, kArgs);
-      torch::jit::push(*stack, std::move(out), std::move(smax), std::move(ssum), std::move(softmax_out),
-                       int64_t{0}, int64_t{0}, numels);
+      torch::jit::push(*stack, std::move(out), std::move(smax), std::move(ssum), std::move(softmax_out), seed,
+                       offset, numels);
       return;
     }
   }
@@ -546,8 +756,8 @@ void fusion_attention_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet,
 
 }  // namespace
 
-void set_chunk_elements_reader(int64_t (*reader)()) {
-  chunk_elements_reader.store(reader, std::memory_order_release);
+void set_flash_sizes_reader(FlashSizes (*reader)()) {
+  flash_sizes_reader.store(reader, std::memory_order_release);
 }
 
 TORCH_LIBRARY_IMPL(npu, AutogradCPU, m) {

@@ -45,10 +45,15 @@ FusionAttentionResult fusion_attention_small_dropout(const at::Tensor& query, co
                                                      int64_t offset);
 
 // npu::npu_fusion_attention's C++ kernel (registered here at AutogradCPU and
-// AutogradPrivateUse1) takes fusion_attention_sdpa's calls with
-// keep_prob == 1 before the Python kernel runs. It reads flash.CHUNK_ELEMENTS through
-// `reader`, which the Python layer installs (tests patch that attribute); until then
-// every call goes to the Python kernel.
-void set_chunk_elements_reader(int64_t (*reader)());
+// AutogradPrivateUse1) takes fusion_attention_sdpa's calls with keep_prob == 1, and
+// fusion_attention_small_dropout's calls on npu tensors (drawing seed/offset from the
+// device's generator as the Python kernel does), before the Python kernel runs. It reads
+// flash.CHUNK_ELEMENTS and flash.SMALL_ELEMENTS through `reader`, which the Python layer
+// installs (tests patch those attributes); until then every call goes to the Python kernel.
+struct FlashSizes {
+  int64_t chunk_elements;
+  int64_t small_elements;
+};
+void set_flash_sizes_reader(FlashSizes (*reader)());
 
 }  // namespace torch_npu::kernels

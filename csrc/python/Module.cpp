@@ -411,12 +411,12 @@ PYBIND11_MODULE(_C, m) {
     return out;
   });
 
-  // npu_fusion_attention's C++ kernel reads flash.CHUNK_ELEMENTS (the row max's blocks),
-  // which Python owns and tests patch
-  torch_npu::kernels::set_chunk_elements_reader(+[]() -> int64_t {
+  // npu_fusion_attention's C++ kernel reads flash.CHUNK_ELEMENTS (the row max's blocks) and
+  // flash.SMALL_ELEMENTS (the one-block dropout path's limit), which Python owns and tests patch
+  torch_npu::kernels::set_flash_sizes_reader(+[]() -> torch_npu::kernels::FlashSizes {
     py::gil_scoped_acquire gil;
     static py::handle flash = py::module_::import("torch_npu.op_plugin.attention.flash").release();
-    return flash.attr("CHUNK_ELEMENTS").cast<int64_t>();
+    return {flash.attr("CHUNK_ELEMENTS").cast<int64_t>(), flash.attr("SMALL_ELEMENTS").cast<int64_t>()};
   });
 
   // npu_fusion_attention's common case (op_plugin/attention/fusion.py): None
