@@ -366,6 +366,24 @@ def test_one_node_path_is_bitwise_the_aten_op_path(device, layout, n_kv, dtype):
             assert torch.equal(a.detach().cpu(), b.detach().cpu())
 
 
+def _check_shared_kv_and_retain_graph(attend, q, k, v, dy, ref):
+    """The same tensor as key and value (self-attention on one projection): gradients summed,
+    bitwise as on the ATen-op path. retain_graph: a second backward gives the same gradients
+    (``ref``); without it, the usual error."""
+    kv = k.detach().clone().requires_grad_()
+    with _Ops():
+        want = torch.autograd.grad(attend(q, kv, kv)[0], (q, kv), dy)
+    got = torch.autograd.grad(attend(q, kv, kv)[0], (q, kv), dy)
+    assert all(torch.equal(a.cpu(), b.cpu()) for a, b in zip(got, want))
+    out = attend(q, k, v)[0]
+    first = torch.autograd.grad(out, (q, k, v), dy, retain_graph=True)
+    second = torch.autograd.grad(out, (q, k, v), dy)
+    assert all(torch.equal(a.cpu(), b.cpu()) and torch.equal(a.cpu(), r.cpu())
+               for a, b, r in zip(first, second, ref))
+    with pytest.raises(RuntimeError, match="Trying to backward through the graph a second time"):
+        torch.autograd.grad(out, (q, k, v), dy)
+
+
 def _dropout_call(q, k, v, layout, causal, seed=11):
     """npu_fusion_attention with dropout (keep_prob 0.8) after torch.npu.manual_seed(seed)."""
     torch.npu.manual_seed(seed)
@@ -410,20 +428,7 @@ def test_one_node_dropout_path_autograd_edges():
     q, k, v = _bsnd(6)
     dy = torch.randn(2, 9, 4, 8).npu()
     ref = torch.autograd.grad(_dropout_call(q, k, v, "BSND", True)[0], (q, k, v), dy)
-    # the same tensor as key and value: gradients summed, as on the ATen-op path
-    kv = k.detach().clone().requires_grad_()
-    with _Ops():
-        want = torch.autograd.grad(_dropout_call(q, kv, kv, "BSND", True)[0], (q, kv), dy)
-    got = torch.autograd.grad(_dropout_call(q, kv, kv, "BSND", True)[0], (q, kv), dy)
-    assert all(torch.equal(a.cpu(), b.cpu()) for a, b in zip(got, want))
-    # retain_graph: a second backward gives the same gradients; without it, the usual error
-    out = _dropout_call(q, k, v, "BSND", True)[0]
-    first = torch.autograd.grad(out, (q, k, v), dy, retain_graph=True)
-    second = torch.autograd.grad(out, (q, k, v), dy)
-    assert all(torch.equal(a.cpu(), b.cpu()) and torch.equal(a.cpu(), r.cpu())
-               for a, b, r in zip(first, second, ref))
-    with pytest.raises(RuntimeError, match="Trying to backward through the graph a second time"):
-        torch.autograd.grad(out, (q, k, v), dy)
+    _check_shared_kv_and_retain_graph(lambda a, b, c: _dropout_call(a, b, c, "BSND", True), q, k, v, dy, ref)
     # create_graph: first-order gradients as usual; differentiating them raises (the real
     # op's backward, npu_fusion_attention_grad, has no derivative)
     dq = torch.autograd.grad(_dropout_call(q, k, v, "BSND", True)[0], q, dy, create_graph=True)[0]
@@ -481,20 +486,7 @@ def test_npu_fast_path_autograd_edges():
     q, k, v = _bsnd(2)
     dy = torch.randn(2, 9, 4, 8).npu()
     ref = torch.autograd.grad(_attend(q, k, v)[0], (q, k, v), dy)
-    # the same tensor as key and value (self-attention on one projection): gradients summed
-    kv = k.detach().clone().requires_grad_()
-    with _Ops():
-        want = torch.autograd.grad(_attend(q, kv, kv)[0], (q, kv), dy)
-    got = torch.autograd.grad(_attend(q, kv, kv)[0], (q, kv), dy)
-    assert all(torch.equal(a.cpu(), b.cpu()) for a, b in zip(got, want))
-    # retain_graph: a second backward gives the same gradients; without it, the usual error
-    out = _attend(q, k, v)[0]
-    first = torch.autograd.grad(out, (q, k, v), dy, retain_graph=True)
-    second = torch.autograd.grad(out, (q, k, v), dy)
-    assert all(torch.equal(a.cpu(), b.cpu()) and torch.equal(a.cpu(), r.cpu())
-               for a, b, r in zip(first, second, ref))
-    with pytest.raises(RuntimeError, match="Trying to backward through the graph a second time"):
-        torch.autograd.grad(out, (q, k, v), dy)
+    _check_shared_kv_and_retain_graph(_attend, q, k, v, dy, ref)
     # create_graph: first-order gradients as usual; differentiating them raises, as on the
     # ATen-op path (the CPU flash kernel's backward has no derivative)
     for mode in (contextlib.nullcontext, _Ops):
