@@ -300,7 +300,7 @@ namespace {
 // flash.small_dropout_attention's forward on one of plain_call's calls, op for op, with
 // at::matmul's steps spelled out (expand, reshape to 3-d, bmm), so that the one-node path can
 // keep the operands its backward needs. With grad mode on, autograd records these ops (the
-// ATen-op path); the one-node path runs it without recording and keeps `saved`.
+// ATen-op path); the one-node path runs it without recording and saves the operands.
 struct SmallDropout {
   at::Tensor result, smax, ssum;
   // the bmm operands ([B*Nkv, rows, cols]), exp(x - max), its row sums, the dropped
