@@ -170,9 +170,10 @@ def npu_fusion_attention(query, key, value, head_num, input_layout, pse=None, pa
         # the common cases (no pse, no mask or a causal one; no dropout, or dropout on a small
         # call) in C++ (aten/FusionAttentionSdpa.cpp): the same ATen ops as the Python fast
         # paths (_one_block_attention), without their per-op Python cost. Anything else, and
-        # every argument error, is the Python engine's. (Without dropout, the op's C++
-        # kernel at the Autograd keys takes such calls before this kernel runs; they reach
-        # here under inference mode.)
+        # every argument error, is the Python engine's. (The op's C++ kernel at the Autograd
+        # keys takes such calls before this kernel runs: all of them without dropout, and
+        # those on npu tensors with dropout, whose seed/offset it draws itself. They reach
+        # here under inference mode, under a TorchDispatchMode, or with dropout on CPU tensors.)
         C = torch_npu._C
         if keep_prob == 1:
             fast = C._npu_fusion_attention_sdpa(query, key, value, head_num, input_layout, atten_mask, scale,
