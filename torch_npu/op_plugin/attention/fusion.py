@@ -173,7 +173,7 @@ def npu_fusion_attention(query, key, value, head_num, input_layout, pse=None, pa
         # every argument error, is the Python engine's. (The op's C++ kernel at the Autograd
         # keys takes such calls before this kernel runs: all of them without dropout, and
         # those on npu tensors with dropout, whose seed/offset it draws itself. They reach
-        # here under inference mode, under a TorchDispatchMode, or with dropout on CPU tensors.)
+        # here under inference mode, and with dropout on CPU tensors or under a TorchDispatchMode.)
         C = torch_npu._C
         if keep_prob == 1:
             fast = C._npu_fusion_attention_sdpa(query, key, value, head_num, input_layout, atten_mask, scale,
