@@ -361,17 +361,27 @@ bool plain(const at::Tensor& t) {
   return !t.key_set().has(c10::DispatchKey::Python) && !t.unsafeGetTensorImpl()->has_symbolic_sizes_strides();
 }
 
-// Whether a call takes the one-node path (one_node_call): q, k and v on one device (CPU, or
-// one npu device) with real data (no fake, functional or functorch-wrapped tensor), no
-// forward-mode AD, and no TorchDispatchMode, which must see every ATen op of the forward and
-// backward (the stream sanitizer, tracing); those calls run the same ATen ops with autograd
-// recording them instead, bitwise alike.
-bool takes_one_node(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+// q, k and v on one device (CPU, or one npu device) with real data (no fake, functional or
+// functorch-wrapped tensor), and no TorchDispatchMode, which must see every ATen op (the
+// stream sanitizer, tracing) and, when it records a graph, makes the Python kernel refuse a
+// dropout draw.
+bool real_eager_call(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
   if (c10::impl::TorchDispatchModeTLS::stack_len() > 0) return false;
   const auto type = q.device().type();
   if (type != c10::DeviceType::CPU && type != c10::DeviceType::PrivateUse1) return false;
   for (const at::Tensor* t : {&q, &k, &v}) {
-    if (t->device() != q.device() || has_no_real_data(*t) || t->_fw_grad(/*level=*/0).defined()) return false;
+    if (t->device() != q.device() || has_no_real_data(*t)) return false;
+  }
+  return true;
+}
+
+// Whether a call takes a one-node path (one_node_call, one_node_dropout_call): a real eager
+// call without forward-mode AD. Other calls run the same ATen ops with autograd recording
+// them instead, bitwise alike.
+bool takes_one_node(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  if (!real_eager_call(q, k, v)) return false;
+  for (const at::Tensor* t : {&q, &k, &v}) {
+    if (t->_fw_grad(/*level=*/0).defined()) return false;
   }
   return true;
 }
@@ -522,10 +532,11 @@ std::optional<FusionAttentionResult> one_node_call(const c10::OperatorHandle& op
 // The backward of one_node_dropout_call's result: autograd's derivative of
 // small_dropout_forward's ops, formula for formula and in the same order (bmm, mul, masked_fill,
 // div, sum, exp), so the gradients are bitwise those of the ATen-op path. The operands are the
-// forward's, kept as CPU tensors (on npu: CPU aliases of the device memory, sharing the inputs'
-// version counters), and on npu it runs as one npu kernel. Under create_graph=True the
-// gradients it returns carry a node that raises "derivative for npu::npu_fusion_attention_grad is
-// not implemented" when differentiated, as the real op's backward has no derivative.
+// forward's, kept as CPU aliases of the device memory (sharing the inputs' version counters),
+// and it runs as one npu kernel (the path takes npu tensors only: draws_here). Under
+// create_graph=True the gradients it returns carry a node that raises "derivative for
+// npu::npu_fusion_attention_grad is not implemented" when differentiated, as the real op's
+// backward has no derivative.
 struct FusionAttentionDropoutBackward final : torch::autograd::Node {
   std::string name() const override { return "NpuFusionAttentionBackward0"; }
 
@@ -537,18 +548,14 @@ struct FusionAttentionDropoutBackward final : torch::autograd::Node {
     std::array<at::Tensor, 3> d;
     {
       at::NoGradGuard no_grad;
-      if (device_ >= 0) {
-        AliasStorages storages;
-        const at::Tensor ga = owning_alias(g, storages);
-        {
-          exec::KernelScope scope(grad_op(), device_);
-          d = math(ga);
-        }
-        for (auto& t : d) {
-          if (t.defined()) t = exec::share_result(t, device_);
-        }
-      } else {
-        d = math(g);
+      AliasStorages storages;
+      const at::Tensor ga = owning_alias(g, storages);
+      {
+        exec::KernelScope scope(grad_op(), device_);
+        d = math(ga);
+      }
+      for (auto& t : d) {
+        if (t.defined()) t = exec::share_result(t, device_);
       }
     }
     c10::intrusive_ptr<torch::autograd::Node> not_implemented;
@@ -572,7 +579,7 @@ struct FusionAttentionDropoutBackward final : torch::autograd::Node {
   Layout layout = Layout::BNSD;
   int64_t head_dim = 0, b = 0, n = 0, s1 = 0, n_kv = 0, s2 = 0;
   double scale = 1.0, keep_prob = 1.0;
-  int device_ = -1;  // the npu device, -1 for CPU tensors
+  int device_ = 0;  // the npu device
   std::vector<int64_t> q_sizes, k_sizes, v_sizes;
   at::ScalarType q_dtype = at::kFloat, k_dtype = at::kFloat, v_dtype = at::kFloat;
 
@@ -583,7 +590,8 @@ struct FusionAttentionDropoutBackward final : torch::autograd::Node {
     const at::Tensor e = e_.unpack(), total = total_.unpack();
     const int64_t dv = v3.size(2);
     // from_bnsd and the dtype cast undone, then the output's view and _unsafe_view
-    const at::Tensor go = to_bnsd(in_float(g), layout, head_dim).reshape({b, n_kv, rows, dv}).reshape({b * n_kv, rows, dv});
+    const at::Tensor go =
+        to_bnsd(in_float(g), layout, head_dim).reshape({b, n_kv, rows, dv}).reshape({b * n_kv, rows, dv});
     std::array<at::Tensor, 3> out;
     if (should_compute_output(2)) {  // bmm(p3, v3): mat2
       const at::Tensor dv3 = p3.transpose(1, 2).bmm(go);
@@ -613,27 +621,32 @@ struct FusionAttentionDropoutBackward final : torch::autograd::Node {
   }
 };
 
-// fusion_attention_small_dropout's calls as one autograd node, as one_node_call does for the
-// calls without dropout: the forward unrecorded (on npu tensors: on CPU aliases, as one npu
-// kernel), and one FusionAttentionDropoutBackward node. The (seed, offset) pair is drawn by
-// the caller.
-FusionAttentionResult one_node_dropout_call(const c10::OperatorHandle& op, const Call& call, const at::Tensor& query,
-                                            const at::Tensor& key, const at::Tensor& value, double scale,
-                                            double keep_prob, int64_t seed, int64_t offset) {
-  const bool npu = query.device().type() == c10::DeviceType::PrivateUse1;
-  const int device = npu ? query.device().index() : -1;
+// fusion_attention_small_dropout's calls on npu tensors as one autograd node, as one_node_call
+// does for the calls without dropout: the forward unrecorded on CPU aliases, as one npu kernel,
+// and one FusionAttentionDropoutBackward node. The caller has checked the call
+// (fusion_attention_small_dropout_applies) and drawn the (seed, offset) pair.
+FusionAttentionResult one_node_dropout_call(const c10::OperatorHandle& op, const at::Tensor& query,
+                                            const at::Tensor& key, const at::Tensor& value, int64_t head_num,
+                                            const std::string& input_layout,
+                                            const std::optional<at::Tensor>& atten_mask, double scale,
+                                            int64_t sparse_mode, double keep_prob, int64_t seed, int64_t offset) {
+  const int device = query.device().index();
+  AliasStorages storages;
+  const auto c = plain_call(owning_alias(query, storages), owning_alias(key, storages),
+                            owning_alias(value, storages), head_num, input_layout, atten_mask, scale, sparse_mode);
+  TORCH_CHECK(c.has_value(), "one_node_dropout_call: a call fusion_attention_small_dropout_applies refuses");
+  const Call& call = *c;
   const bool record =
       at::GradMode::is_enabled() && (query.requires_grad() || key.requires_grad() || value.requires_grad());
   SmallDropout f;
   at::Tensor softmax_out;
   {
-    std::optional<exec::KernelScope> scope;
-    if (npu) scope.emplace(op, device);
+    exec::KernelScope scope(op, device);
     at::AutoGradMode no_grad(false);
     f = small_dropout_forward(call, query.scalar_type(), scale, keep_prob, seed, offset);
     softmax_out = call.q.new_empty({0});
   }
-  const auto on_device = [&](const at::Tensor& t) { return npu ? exec::share_result(t, device) : t; };
+  const auto on_device = [&](const at::Tensor& t) { return exec::share_result(t, device); };
   FusionAttentionResult r{on_device(f.result), on_device(f.smax), on_device(f.ssum), on_device(softmax_out),
                           call.b * call.n * call.s1 * call.s2};
   if (!record) return r;
@@ -667,17 +680,11 @@ std::pair<int64_t, int64_t> draw_seed_offset(c10::DeviceIndex device) {
   return {static_cast<int64_t>(seed), static_cast<int64_t>(offset)};
 }
 
-// Whether a dropout call may draw its seed here rather than in the Python kernel: npu tensors
-// (the device, and so its generator and any manual_seed queued before it, is initialised)
-// with real data on one device, and no TorchDispatchMode (a graph being recorded, where the
-// Python kernel refuses the draw, the stream sanitizer).
+// Whether a dropout call may draw its seed here rather than in the Python kernel: a real eager
+// call on npu tensors (the device, and so its generator and any manual_seed queued before it,
+// is initialised).
 bool draws_here(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-  if (c10::impl::TorchDispatchModeTLS::stack_len() > 0) return false;
-  if (q.device().type() != c10::DeviceType::PrivateUse1) return false;
-  for (const at::Tensor* t : {&q, &k, &v}) {
-    if (t->device() != q.device() || has_no_real_data(*t)) return false;
-  }
-  return true;
+  return q.device().type() == c10::DeviceType::PrivateUse1 && real_eager_call(q, k, v);
 }
 
 // The schema's argument positions (npu_fusion_attention(query, key, value, head_num,
@@ -692,11 +699,12 @@ enum Arg : size_t {
 
 // npu::npu_fusion_attention at the Autograd keys of CPU and npu: the common case (no pse, no
 // mask or a top-left causal one; see fusion_attention_sdpa) without dropout, and on npu
-// tensors with dropout on a small call (fusion_attention_small_dropout), runs here without the Python kernel's per-call cost (boxing two dozen arguments into
-// Python and back); every other call, and every argument error, goes to the Python
-// CompositeImplicitAutograd kernel exactly as if this kernel did not exist. The op keeps no
-// backend-key kernel (the registry's rule for emulated ops), so under inference mode, which
-// skips the Autograd keys, the Python kernel runs it (it then calls fusion_attention_sdpa).
+// tensors with dropout on a small call (fusion_attention_small_dropout), runs here without
+// the Python kernel's per-call cost (boxing two dozen arguments into Python and back); every
+// other call, and every argument error, goes to the Python CompositeImplicitAutograd kernel
+// exactly as if this kernel did not exist. The op keeps no backend-key kernel (the registry's
+// rule for emulated ops), so under inference mode, which skips the Autograd keys, the Python
+// kernel runs it (it then calls fusion_attention_sdpa / fusion_attention_small_dropout).
 void fusion_attention_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
   auto args = torch::jit::last(*stack, kArgs);
   const auto tensor = [&](size_t i) -> const at::Tensor* {
@@ -731,16 +739,10 @@ void fusion_attention_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet,
       if (fusion_attention_small_dropout_applies(*q, *k, *v, head_num, layout, atten_mask, scale, sparse_mode,
                                                  sizes.chunk_elements, sizes.small_elements)) {
         std::tie(seed, offset) = draw_seed_offset(q->device().index());
-        if (takes_one_node(*q, *k, *v)) {
-          AliasStorages storages;
-          const at::Tensor qa = owning_alias(*q, storages), ka = owning_alias(*k, storages),
-                           va = owning_alias(*v, storages);
-          const auto call = plain_call(qa, ka, va, head_num, layout, atten_mask, scale, sparse_mode);
-          r = one_node_dropout_call(op, *call, *q, *k, *v, scale, keep_prob, seed, offset);
-        } else {
-          r = fusion_attention_small_dropout(*q, *k, *v, head_num, layout, atten_mask, scale, sparse_mode,
-                                             keep_prob, seed, offset);
-        }
+        r = takes_one_node(*q, *k, *v) ? one_node_dropout_call(op, *q, *k, *v, head_num, layout, atten_mask, scale,
+                                                               sparse_mode, keep_prob, seed, offset)
+                                       : fusion_attention_small_dropout(*q, *k, *v, head_num, layout, atten_mask,
+                                                                        scale, sparse_mode, keep_prob, seed, offset);
       }
     }
     if (r) {
