@@ -146,6 +146,25 @@ def _device_snapshot(stream_ids):
     return sorted(out)
 
 
+def _inactive_split_from_snapshot():
+    # What memory_stats' inactive_split counters must say: the free blocks
+    # (in a pool, not waiting for streams) of segments split in several.
+    out = {}
+    for pool in ("small_pool", "large_pool"):
+        segs = [s for s in torch.npu.memory_snapshot()
+                if s["device"] == 0 and s["segment_type"] == pool.split("_")[0] and len(s["blocks"]) > 1]
+        free = [b for s in segs for b in s["blocks"] if b["state"] == "inactive"]
+        out[f"inactive_split.{pool}.current"] = len(free)
+        out[f"inactive_split_bytes.{pool}.current"] = sum(b["size"] for b in free)
+    return out
+
+
+def _inactive_split_stats():
+    st = torch.npu.memory_stats(0)
+    return {k: st[k] for pool in ("small_pool", "large_pool")
+            for k in (f"inactive_split.{pool}.current", f"inactive_split_bytes.{pool}.current")}
+
+
 def test_churn_on_two_streams_matches_the_model():
     torch.npu.set_device(0)
     s1, s2 = torch.npu.Stream(), torch.npu.Stream()
@@ -188,4 +207,5 @@ def test_churn_on_two_streams_matches_the_model():
             torch.npu.empty_cache()
             model.empty_cache()
         assert _device_snapshot(streams) == sorted(model.snapshot()), step
+        assert _inactive_split_stats() == _inactive_split_from_snapshot(), step
     live.clear()

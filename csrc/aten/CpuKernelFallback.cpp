@@ -405,6 +405,15 @@ void npu_cpu_kernel_with(const c10::OperatorHandle& op, torch::jit::Stack* stack
   run_boxed_cpu_kernel(op, stack, before_cpu_kernel);
 }
 
+bool runs_zero_copy_as_composite(const c10::OperatorHandle& op) {
+  // Also the few ops with a CPU kernel and a CompositeImplicitAutograd one
+  // (mish_backward, native_channel_shuffle): CPU runs its kernel, so npu must too.
+  return op.hasKernelForDispatchKey(c10::DispatchKey::CPU) &&
+         (op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
+          op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional) ||
+          op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd));
+}
+
 KernelRegistration register_explicit_cpu_kernels(const std::unordered_set<std::string>& native_ops) {
   static torch::Library* lib = nullptr;
   static KernelRegistration counts;
@@ -426,12 +435,7 @@ KernelRegistration register_explicit_cpu_kernels(const std::unordered_set<std::s
     if (!op->hasKernelForDispatchKey(c10::DispatchKey::CPU)) continue;
     if (op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) continue;
     std::string full = name.name.substr(6) + (name.overload_name.empty() ? "" : "." + name.overload_name);
-    // Also the few ops with a CPU kernel and a CompositeImplicitAutograd one
-    // (mish_backward, native_channel_shuffle): CPU runs its kernel, so npu must too.
-    const bool composite = op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
-                           op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional) ||
-                           op->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd);
-    if (composite) {
+    if (runs_zero_copy_as_composite(*op)) {
       lib->impl(full.c_str(), torch::CppFunction::makeFromBoxedFunction<&npu_cpu_kernel>());
       ++counts.zero_copy_explicit;
       continue;

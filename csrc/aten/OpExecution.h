@@ -94,6 +94,9 @@ struct KernelRegistration {
   int unboxed = 0;
 };
 KernelRegistration register_explicit_cpu_kernels(const std::unordered_set<std::string>& native_ops);
+// Whether an op has a CPU kernel and a composite one: register_explicit_cpu_kernels
+// gives it the zero-copy kernel whether or not torch_npu lists it as native.
+bool runs_zero_copy_as_composite(const c10::OperatorHandle& op);
 // The unboxed zero-copy kernels of the hottest ops (aten/UnboxedKernels.cpp),
 // for those of them in `native_ops` that have no npu kernel yet. Returns how many.
 int register_unboxed_kernels(torch::Library& lib, const std::unordered_set<std::string>& native_ops);

@@ -406,8 +406,11 @@ int register_unboxed_kernels(torch::Library& lib, const std::unordered_set<std::
     auto op = dispatcher.findOp({"aten::" + full.substr(0, dot), dot == std::string::npos ? "" : full.substr(dot + 1)});
     if (!op || op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) continue;
     // Only where the boxed zero-copy kernel would run: an op torch_npu has an NPU
-    // kernel for (the others go through the emulated CPU fallback, which copies).
-    if (native_ops.count(full) == 0) continue;
+    // kernel for, or one with a CPU and a composite kernel (a structured op's
+    // functional form, such as argmax or gelu, whose NPU kernel is its .out),
+    // which register_explicit_cpu_kernels sends to the zero-copy kernel too.
+    // The others go through the emulated CPU fallback, which copies.
+    if (native_ops.count(full) == 0 && !runs_zero_copy_as_composite(*op)) continue;
     lib.impl(e.name, e.kernel());
     ++n;
   }

@@ -343,11 +343,12 @@ class Allocator {
     bool small = rounded <= kSmallSize;
     auto& pool = small ? ds.small_free : ds.large_free;
     Block* b = find_free(pool, rounded, stream);
-    if (b == nullptr) {
+    const bool pooled = b != nullptr;
+    if (!pooled) {
       maybe_collect(ds);
       b = new_segment(ds, device, rounded, small, size, stream);
     }
-    b = split(ds, b, rounded);
+    b = take(ds, pool, b, pooled, rounded);
     b->allocated = true;
     b->requested = size;
     b->format = -1;
@@ -568,6 +569,8 @@ class Allocator {
     return kRoundLarge * ((size + kRoundLarge - 1) / kRoundLarge);
   }
 
+  // The best-fit free block (smallest, then lowest address) for `size` on
+  // `stream`; it stays in the pool until take() removes it.
   Block* find_free(Pool& pool, size_t size, int64_t stream) {
     auto it = pool.lower_bound(PoolKey{stream, size, nullptr});
     if (it == pool.end() || it->stream != stream) return nullptr;
@@ -576,7 +579,6 @@ class Allocator {
     // reused for requests close to their size (CUDA's rule).
     if (size < conf_.max_split_size && b->size >= conf_.max_split_size) return nullptr;
     if (size >= conf_.max_split_size && b->size >= size + kLargeBuffer) return nullptr;
-    erase_free(devices_[b->device], pool, b);
     return b;
   }
 
@@ -635,60 +637,106 @@ class Allocator {
     return b;
   }
 
-  Block* split(DeviceState& ds, Block* b, size_t size) {
-    size_t remaining = b->size - size;
-    bool should = b->small ? remaining >= kMinBlockSize
-                           : (size < conf_.max_split_size && remaining > kSmallSize);
-    if (!should) return b;
+  // The block for a request of `size` (rounded): `b` (from its pool when
+  // `pooled`, or a new segment) split when the rest is worth keeping, the
+  // rest going back to the pool. What erase, split and insert would do, but
+  // the rest takes over b's pool entry when its key sorts in the same place
+  // (the usual case: a remainder shrinking in place), so a steady alloc/free
+  // cycle does not rebalance the tree.
+  Block* take(DeviceState& ds, Pool& pool, Block* b, bool pooled, size_t size) {
+    if (pooled) count_inactive_split(ds, b, -1);
+    const size_t remaining = b->size - size;
+    const bool should = b->small ? remaining >= kMinBlockSize
+                                 : (size < conf_.max_split_size && remaining > kSmallSize);
+    if (!should) {
+      if (pooled) pool.erase(b->pool_pos);
+      return b;
+    }
     Block* rest = Block::make(b->device, remaining, b->ptr + size, b->small, b->stream);
     rest->prev = b;
     rest->next = b->next;
     if (rest->next) rest->next->prev = rest;
     b->next = rest;
     b->size = size;
-    insert_free(ds, b->small ? ds.small_free : ds.large_free, rest);
+    if (!pooled || !rekey(pool, b->pool_pos, rest)) {
+      if (pooled) pool.erase(b->pool_pos);
+      // The key is copied: a block's size changes only while it is out of the pool.
+      rest->pool_pos = pool.insert(PoolEntry{{rest->stream, rest->size, rest->ptr}, rest}).first;
+    }
+    count_inactive_split(ds, rest, +1);
     return b;
   }
 
-  void insert_free(DeviceState& ds, Pool& pool, Block* b) {
-    // The key is copied: a block's size changes only while it is out of the pool.
-    b->pool_pos = pool.insert(PoolEntry{{b->stream, b->size, b->ptr}, b}).first;
-    if (b->is_split()) {
-      for (int t : {ALL, b->small ? SMALL_POOL : LARGE_POOL}) {
-        ds.stats.inactive_split[t].increase(1);
-        ds.stats.inactive_split_bytes[t].increase(b->size);
-      }
-    }
+  // Points the pool entry at `pos` to block `to` (with `to`'s key) if that
+  // key sorts between the entry's neighbours; the set stays ordered.
+  static bool rekey(Pool& pool, Pool::iterator pos, Block* to) {
+    const PoolKey key{to->stream, to->size, to->ptr};
+    const BlockLess less;
+    if (pos != pool.begin() && !less(*std::prev(pos), key)) return false;
+    const auto after = std::next(pos);
+    if (after != pool.end() && !less(key, *after)) return false;
+    // Set elements are not const objects; only the ordering must hold.
+    PoolEntry& e = const_cast<PoolEntry&>(*pos);
+    static_cast<PoolKey&>(e) = key;
+    e.block = to;
+    to->pool_pos = pos;
+    return true;
   }
 
-  void erase_free(DeviceState& ds, Pool& pool, Block* b) {
-    pool.erase(b->pool_pos);  // by position: no search
-    if (b->is_split()) {
-      for (int t : {ALL, b->small ? SMALL_POOL : LARGE_POOL}) {
+  // A free split block counts as an inactive split while it is in a pool.
+  static void count_inactive_split(DeviceState& ds, Block* b, int sign) {
+    if (!b->is_split()) return;
+    for (int t : {ALL, b->small ? SMALL_POOL : LARGE_POOL}) {
+      if (sign > 0) {
+        ds.stats.inactive_split[t].increase(1);
+        ds.stats.inactive_split_bytes[t].increase(b->size);
+      } else {
         ds.stats.inactive_split[t].decrease(1);
         ds.stats.inactive_split_bytes[t].decrease(b->size);
       }
     }
   }
 
-  Block* merge(DeviceState& ds, Pool& pool, Block* b) {
-    if (b->prev && b->prev->is_free()) {
-      Block* p = b->prev;
-      erase_free(ds, pool, p);
+  void erase_free(DeviceState& ds, Pool& pool, Block* b) {
+    pool.erase(b->pool_pos);  // by position: no search
+    count_inactive_split(ds, b, -1);
+  }
+
+  // Returns freed block `b` to its pool, merged with its free neighbours.
+  // The merged block takes over a neighbour's pool entry when its key sorts
+  // in the same place (see take()).
+  Block* merge_into_pool(DeviceState& ds, Pool& pool, Block* b) {
+    Block* p = b->prev && b->prev->is_free() ? b->prev : nullptr;
+    Block* n = b->next && b->next->is_free() ? b->next : nullptr;
+    if (p != nullptr) count_inactive_split(ds, p, -1);
+    if (n != nullptr) count_inactive_split(ds, n, -1);
+    // The entry to reuse: the next block's (a remainder growing back), else
+    // the previous one's; the other is erased.
+    Pool::iterator reuse = pool.end();
+    if (n != nullptr) {
+      reuse = n->pool_pos;
+      if (p != nullptr) pool.erase(p->pool_pos);
+    } else if (p != nullptr) {
+      reuse = p->pool_pos;
+    }
+    if (p != nullptr) {
       p->size += b->size;
       p->next = b->next;
       if (p->next) p->next->prev = p;
       Block::destroy(b);
       b = p;
     }
-    if (b->next && b->next->is_free()) {
-      Block* n = b->next;
-      erase_free(ds, pool, n);
+    if (n != nullptr) {
       b->size += n->size;
       b->next = n->next;
       if (b->next) b->next->prev = b;
       Block::destroy(n);
     }
+    if (reuse == pool.end() || !rekey(pool, reuse, b)) {
+      if (reuse != pool.end()) pool.erase(reuse);
+      b->pool_pos = pool.insert(PoolEntry{{b->stream, b->size, b->ptr}, b}).first;
+    }
+    count_inactive_split(ds, b, +1);
     return b;
   }
 
@@ -730,8 +778,7 @@ class Allocator {
     b->requested = 0;
     b->stream_uses.clear();
     auto& pool = b->small ? ds.small_free : ds.large_free;
-    b = merge(ds, pool, b);
-    insert_free(ds, pool, b);
+    b = merge_into_pool(ds, pool, b);
     if (conf_.caching_disabled && !b->is_split()) release_segment(ds, pool, b);
   }
 
