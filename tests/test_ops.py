@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import torch_npu  # noqa: F401
 
@@ -783,26 +784,56 @@ SDPA = {
     "causal": dict(is_causal=True),
     "bool_mask": dict(mask="bool"),
     "float_mask": dict(mask="float"),
+    # masks whose last dimension does not have stride 1: the CPU runs its flash kernel
+    # on them (only GPU backends require stride 1 there), so npu must too
+    "float_mask_transposed": dict(mask="transposed"),
+    "float_mask_expanded": dict(mask="expanded"),
     "scale": dict(scale=0.3, is_causal=True),
 }
+
+
+def _sdpa_mask(kind, device):
+    if kind == "bool":
+        mask = make((7, 7), torch.bool, 33)
+        mask[:, 0] = True  # every query sees at least one key
+        return mask.to(device)
+    if kind == "float":
+        return make((2, 1, 7, 7), torch.float32, 34).to(device)
+    if kind == "transposed":
+        return make((2, 1, 7, 7), torch.float32, 34).to(device).transpose(-1, -2)
+    if kind == "expanded":
+        return make((2, 1, 7, 1), torch.float32, 34).to(device).expand(2, 1, 7, 7)
+    return None
+
+
+class _AtenOps(TorchDispatchMode):
+    """Records the names of the ATen ops a block dispatches."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(func.name())
+        return func(*args, **(kwargs or {}))
 
 
 @pytest.mark.parametrize("name", sorted(SDPA))
 def test_scaled_dot_product_attention(name):
     cfg = dict(SDPA[name])
     q, k, v = (make((2, 3, 7, 8), torch.float32, s) for s in (30, 31, 32))
-    mask = None
-    kw = {}
-    if cfg.pop("mask", None) == "bool":
-        mask = make((7, 7), torch.bool, 33)
-        mask[:, 0] = True  # every query sees at least one key
-    elif SDPA[name].get("mask") == "float":
-        mask = make((2, 1, 7, 7), torch.float32, 34)
-    kw.update(cfg)
+    kind = cfg.pop("mask", None)
+    kw = dict(cfg)
+    mask, mask_n = _sdpa_mask(kind, "cpu"), _sdpa_mask(kind, "npu")
+    if mask is not None:
+        assert mask_n.stride() == mask.stride()
     leaves_c = [t.clone().requires_grad_() for t in (q, k, v)]
     leaves_n = [t.npu().requires_grad_() for t in (q, k, v)]
-    out_c = F.scaled_dot_product_attention(*leaves_c, attn_mask=mask, **kw)
-    out_n = F.scaled_dot_product_attention(*leaves_n, attn_mask=None if mask is None else mask.npu(), **kw)
+    with _AtenOps() as ops_c:
+        out_c = F.scaled_dot_product_attention(*leaves_c, attn_mask=mask, **kw)
+    with _AtenOps() as ops_n:
+        out_n = F.scaled_dot_product_attention(*leaves_n, attn_mask=mask_n, **kw)
+    assert ops_n.names == ops_c.names  # the same kernel (flash or math) as on CPU
     assert_bitwise(out_n, out_c)
     g = make(tuple(out_c.shape), torch.float32, 35)
     out_c.backward(g)
