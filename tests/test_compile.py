@@ -34,8 +34,7 @@ class Block(nn.Module):
         B, T, C = x.shape
         q, k, v = self.qkv(self.ln1(x)).split(C, dim=2)
         q, k, v = (t.view(B, T, self.heads, C // self.heads).transpose(1, 2) for t in (q, k, v))
-        # Attention written out: F.scaled_dot_product_attention on fake npu tensors
-        # needs a C++ fix first (docs/graph_mode.md).
+        # Attention written out (compiled F.scaled_dot_product_attention has its own test).
         scores = (q @ k.transpose(-2, -1)) / (C // self.heads) ** 0.5
         causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
         att = self.drop(scores.masked_fill(~causal, float("-inf")).softmax(-1))
@@ -115,6 +114,33 @@ def test_fused_kernel_generated_and_outputs_on_npu():
     code = "\n".join(codes)
     # bias add, gelu, scale, shift and tanh in one generated C++ kernel
     assert "cpp_fused" in code and "tanh" in code
+
+
+def _sdpa(q, k, v, mask, causal):
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
+
+
+@pytest.mark.parametrize("case", ["plain", "causal", "mask", "transposed_mask"])
+def test_compiled_sdpa_with_grads_matches_compiled_cpu(case):
+    # SDPA's composite asks the npu backend-choice stub on fake npu tensors while
+    # tracing; the answer (and so the kernel) must be the CPU's, grads included
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 3, 7, 8, generator=g) for _ in range(3))
+    mask = torch.randn(2, 1, 7, 7, generator=g) if "mask" in case else None
+    if case == "transposed_mask":
+        mask = mask.transpose(-1, -2)  # last dimension's stride is 7
+    results = {}
+    for dev in ("cpu", "npu"):
+        torch._dynamo.reset()
+        leaves = [t.detach().to(dev).requires_grad_() for t in (q, k, v)]
+        m = None if mask is None else mask.to(dev)
+        if case == "transposed_mask":
+            m = mask.transpose(-1, -2).contiguous().to(dev).transpose(-1, -2)
+        out = torch.compile(_sdpa)(*leaves, m, case == "causal")
+        out.backward(torch.ones_like(out))
+        results[dev] = [out.detach().cpu()] + [t.grad.cpu() for t in leaves]
+    for got, want in zip(results["npu"], results["cpu"]):
+        assert torch.equal(got, want)
 
 
 def test_compiled_dropout_draws_from_npu_generator():
