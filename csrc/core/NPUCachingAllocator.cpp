@@ -545,7 +545,7 @@ class Allocator {
   // Records a log line, emitted once the lock is released (dropped outside a
   // call that collects them). The call's Deferred is created on the first
   // record, so a call that logs nothing pays nothing for it.
-  void note(int level, std::string message) {
+  C10_NOINLINE void note(int level, std::string message) {
     if (logs_ == nullptr || !log::enabled(log::MEMORY, level)) return;
     if (!logs_->has_value()) logs_->emplace();
     (*logs_)->add(log::MEMORY, level, std::move(message));
@@ -586,7 +586,8 @@ class Allocator {
     return static_cast<uint64_t>(std::floor(acl_emu::config().capacity * ds.fraction));
   }
 
-  Block* new_segment(DeviceState& ds, int device, size_t rounded, bool small, size_t requested, int64_t stream) {
+  // Out of line, as the other slow paths below: the hot malloc/free code stays compact.
+  C10_NOINLINE Block* new_segment(DeviceState& ds, int device, size_t rounded, bool small, size_t requested, int64_t stream) {
     size_t seg = segment_size(rounded);
     const uint64_t cap = acl_emu::config().capacity;
     const bool limited = ds.fraction < 1.0;
@@ -789,7 +790,7 @@ class Allocator {
   // the program's own evidence that B moved past the free: an event recorded
   // on B or a synchronisation of B (or of the device) after the free. Reuse
   // never comes earlier than hardware could allow, and is deterministic.
-  void process_pending(DeviceState& ds) {
+  C10_NOINLINE void process_pending(DeviceState& ds) {
     std::vector<Block*> still;
     for (Block* b : ds.pending) {
       bool done = true;
@@ -870,7 +871,7 @@ class Allocator {
     }
   }
 
-  void maybe_collect(DeviceState& ds) {
+  C10_NOINLINE void maybe_collect(DeviceState& ds) {
     if (conf_.gc_threshold <= 0) return;
     if (ds.reserved > conf_.gc_threshold * limit(ds)) release_cached(ds);
   }
