@@ -49,8 +49,8 @@ void noop_delete(void*) {}
 
 }  // namespace
 
-DeviceMemoryScope::DeviceMemoryScope(int device) : prev_(tls_redirect_device) { tls_redirect_device = device; }
-DeviceMemoryScope::~DeviceMemoryScope() { tls_redirect_device = prev_; }
+DeviceMemoryScope::DeviceMemoryScope(int device) : slot_(&tls_redirect_device), prev_(*slot_) { *slot_ = device; }
+DeviceMemoryScope::~DeviceMemoryScope() { *slot_ = prev_; }
 
 void install_cpu_allocator() {
   if (g_orig_cpu != nullptr) return;
@@ -87,6 +87,19 @@ thread_local AliasPool tls_alias_pool;
 
 AliasPool& this_thread_alias_pool() { return tls_alias_pool; }
 
+namespace {
+// IntArrayRef::equals compares through a memcmp call; dims are few.
+bool same_sizes_and_strides(const c10::TensorImpl* a, const c10::TensorImpl* b) {
+  const c10::IntArrayRef as = a->sizes(), bs = b->sizes();
+  if (as.size() != bs.size()) return false;
+  const c10::IntArrayRef ast = a->strides(), bst = b->strides();
+  for (size_t i = 0; i < as.size(); ++i) {
+    if (as[i] != bs[i] || ast[i] != bst[i]) return false;
+  }
+  return true;
+}
+}  // namespace
+
 at::Tensor pooled_cpu_alias(AliasPool& pool, const at::Tensor& t, c10::Storage& storage) {
   const c10::TensorImpl* src = t.unsafeGetTensorImpl();
   // A TensorImpl's autograd keys follow inference mode at its creation: a
@@ -107,7 +120,7 @@ at::Tensor pooled_cpu_alias(AliasPool& pool, const at::Tensor& t, c10::Storage& 
   }
   // Loops call ops on one shape after another: the pooled alias often has
   // the sizes and strides already, and then its contiguity flags too.
-  const bool same_geometry = impl->sizes().equals(src->sizes()) && impl->strides().equals(src->strides());
+  const bool same_geometry = same_sizes_and_strides(impl.get(), src);
   impl->set_storage_and_dtype(storage, t.dtype());
   if (same_geometry) {
     impl->set_storage_offset(src->storage_offset());

@@ -27,6 +27,7 @@ class DeviceMemoryScope {
   DeviceMemoryScope& operator=(const DeviceMemoryScope&) = delete;
 
  private:
+  int* slot_;  // this thread's redirect device (one thread-local lookup per scope)
   int prev_;
 };
 
