@@ -208,6 +208,19 @@ def test_kernel_mode_reports_unboxed_kernels_in_place_tuple_and_list_ops():
     assert [e[1] for e in log if e[0] == "acl_finish_execution"] == names
 
 
+def test_kernel_mode_reports_arange_as_one_kernel():
+    # arange's functional forms have an npu kernel of their own (aten/DirectKernels.cpp), as
+    # in torch_npu: not the composite's empty plus arange.start_out
+    log = _record_all(KERNEL_KINDS)
+    torch_npu._C._activate_npu_trace(1)
+    a = torch.arange(6, device="npu")
+    b = torch.arange(1, 2, 0.25, device="npu")
+    torch.npu.synchronize()
+    names = [e[1] for e in log if e[0] == "acl_start_execution"]
+    assert names == ["aten::arange.start_step", "aten::arange.start_step"]
+    assert torch.equal(a.cpu(), torch.arange(6)) and torch.equal(b.cpu(), torch.arange(1, 2, 0.25))
+
+
 def test_stream_mode_does_not_report_kernels():
     log = _record_all(KERNEL_KINDS)
     x = torch.ones(8, device="npu")

@@ -7,6 +7,8 @@
 #include <ATen/native/ResizeCommon.h>
 #include <ATen/native/TensorFactories.h>
 #include <ATen/ops/_local_scalar_dense.h>
+#include <ATen/ops/arange_ops.h>
+#include <ATen/ops/arange_native.h>
 #include <ATen/ops/convolution.h>
 #include <ATen/ops/convolution_backward.h>
 #include <ATen/ops/histc.h>
@@ -286,6 +288,40 @@ at::Tensor histc(const at::Tensor& self, int64_t bins, const at::Scalar& min, co
   return exec::adopt_result(out, d);
 }
 
+// arange's functional forms, which torch_npu lists as NPU kernels: the CPU
+// composite (an empty tensor, then arange.start_out's CPU kernel) inside the
+// kernel scope, so that the result is made in device memory and adopted; one
+// kernel instead of the composite's npu empty and a boxed arange.start_out.
+// Pinned or non-strided requests go the composite's way (the npu empty's errors).
+at::Tensor arange_start_step(const at::Scalar& start, const at::Scalar& end, const at::Scalar& step,
+                             std::optional<at::ScalarType> dtype, std::optional<at::Layout> layout,
+                             std::optional<at::Device> device, std::optional<bool> pin_memory) {
+  if ((pin_memory.has_value() && *pin_memory) || (layout.has_value() && *layout != at::kStrided)) {
+    return at::native::arange(start, end, step, dtype, layout, device, pin_memory);
+  }
+  const int d = resolve_device(device);
+  at::Tensor r;
+  {
+    NPU_KERNEL_SCOPE("aten::arange", "start_step", d);
+    r = at::_ops::arange_start_step::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), start, end, step, dtype,
+                                                layout, at::Device(at::kCPU), pin_memory);
+  }
+  return exec::adopt_result_in_place(std::move(r), d);
+}
+
+// arange(end) and arange(start, end) as their composites spell them (an int 0
+// start, an int 1 step: they take part in the dtype inference), without the hops.
+at::Tensor arange_end(const at::Scalar& end, std::optional<at::ScalarType> dtype, std::optional<at::Layout> layout,
+                      std::optional<at::Device> device, std::optional<bool> pin_memory) {
+  return arange_start_step(/*start=*/0, end, /*step=*/1, dtype, layout, device, pin_memory);
+}
+
+at::Tensor arange_start(const at::Scalar& start, const at::Scalar& end, std::optional<at::ScalarType> dtype,
+                        std::optional<at::Layout> layout, std::optional<at::Device> device,
+                        std::optional<bool> pin_memory) {
+  return arange_start_step(start, end, /*step=*/1, dtype, layout, device, pin_memory);
+}
+
 }  // namespace
 }  // namespace torch_npu::kernels
 
@@ -315,4 +351,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("convolution_overrideable", &convolution_overrideable);
   m.impl("convolution_backward_overrideable", &convolution_backward_overrideable);
   m.impl("histc", &histc);
+  m.impl("arange", &arange_end);
+  m.impl("arange.start", &arange_start);
+  m.impl("arange.start_step", &arange_start_step);
 }
