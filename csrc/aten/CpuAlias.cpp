@@ -2,6 +2,7 @@
 // of kernel results as npu tensors.
 #include <ATen/EmptyTensor.h>
 #include <cstring>
+#include <typeinfo>
 #include <vector>
 #include <ATen/core/Tensor.h>
 #include <c10/core/CPUAllocator.h>
@@ -66,15 +67,75 @@ c10::Storage alias_storage(const c10::Storage& st) {
       /*resizable=*/true));
 }
 
+namespace {
+// The TensorImpl of a CPU alias: a TensorImpl that takes another one's
+// geometry as it is. set_sizes_and_strides would recompute numel and the
+// contiguity flags TensorImpl caches (for 4-d tensors, the channels-last
+// ones too), the larger part of an alias's cost; the npu tensor has them.
+class AliasImpl final : public c10::TensorImpl {
+ public:
+  AliasImpl(c10::Storage&& storage, const caffe2::TypeMeta dtype)
+      : c10::TensorImpl(std::move(storage), c10::DispatchKeySet(c10::DispatchKey::CPU), dtype) {}
+
+  // t's sizes, strides, storage offset, numel and contiguity flags. t is a
+  // plain TensorImpl (default size/stride policy, no symbolic sizes): its
+  // cached flags are read as they are.
+  void take_geometry(const c10::TensorImpl* t) {
+    const c10::IntArrayRef sizes = t->sizes();
+    sizes_and_strides_.set_sizes(sizes);
+    sizes_and_strides_.set_strides(t->strides());
+    storage_offset_ = t->storage_offset();
+    numel_ = t->numel();
+    is_contiguous_ = t->is_contiguous_default(at::MemoryFormat::Contiguous);
+    is_non_overlapping_and_dense_ = t->is_non_overlapping_and_dense_default();
+    if (sizes.size() == 4 || sizes.size() == 5) {
+      is_channels_last_contiguous_ = t->is_contiguous_default(at::MemoryFormat::ChannelsLast);
+      is_channels_last_3d_contiguous_ = t->is_contiguous_default(at::MemoryFormat::ChannelsLast3d);
+      is_channels_last_ = t->is_strides_like_default(at::MemoryFormat::ChannelsLast);
+      is_channels_last_3d_ = t->is_strides_like_default(at::MemoryFormat::ChannelsLast3d);
+    } else {
+      // what TensorImpl::_refresh_contiguous sets for the other ranks
+      is_channels_last_contiguous_ = false;
+      is_channels_last_3d_contiguous_ = false;
+      is_channels_last_ = false;
+      is_channels_last_3d_ = false;
+    }
+  }
+
+  // The storage and dtype of an alias of t (set_storage_and_dtype, skipping the
+  // reference count traffic when the storage is already this alias's own).
+  void take_storage(const c10::Storage& storage, const caffe2::TypeMeta dtype) {
+    if (storage_.unsafeGetStorageImpl() != storage.unsafeGetStorageImpl()) set_storage_keep_dtype(storage);
+    data_type_ = dtype;
+  }
+};
+
+// A TensorImpl whose cached geometry take_geometry may read as it is: a plain
+// one (not a subclass with its own size/stride policy) without symbolic sizes.
+bool plain_geometry(const c10::TensorImpl* t) {
+  return (typeid(*t) == typeid(c10::TensorImpl) || typeid(*t) == typeid(AliasImpl)) &&
+         !t->has_symbolic_sizes_strides();
+}
+
+void take_geometry_and_flags(AliasImpl* a, const c10::TensorImpl* t) {
+  if (C10_LIKELY(plain_geometry(t))) {
+    a->take_geometry(t);
+  } else {
+    a->set_sizes_and_strides(t->sizes(), t->strides(), t->storage_offset());
+  }
+  if (C10_UNLIKELY(a->is_conj() != t->is_conj())) a->_set_conj(t->is_conj());
+  if (C10_UNLIKELY(a->is_neg() != t->is_neg())) a->_set_neg(t->is_neg());
+}
+
+at::Tensor as_tensor(c10::intrusive_ptr<AliasImpl>&& impl) {
+  return at::Tensor(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>::reclaim(impl.release()));
+}
+}  // namespace
+
 at::Tensor cpu_alias(const at::Tensor& t, c10::Storage storage) {
-  const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
-  auto alias = at::detail::make_tensor<c10::TensorImpl>(std::move(storage),
-                                                         c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
-  c10::TensorImpl* a = alias.unsafeGetTensorImpl();
-  a->set_sizes_and_strides(impl->sizes(), impl->strides(), impl->storage_offset());
-  if (impl->is_conj()) a->_set_conj(true);
-  if (impl->is_neg()) a->_set_neg(true);
-  return alias;
+  auto impl = c10::make_intrusive<AliasImpl>(std::move(storage), t.dtype());
+  take_geometry_and_flags(impl.get(), t.unsafeGetTensorImpl());
+  return as_tensor(std::move(impl));
 }
 
 namespace {
@@ -87,28 +148,16 @@ thread_local AliasPool tls_alias_pool;
 
 AliasPool& this_thread_alias_pool() { return tls_alias_pool; }
 
-namespace {
-// IntArrayRef::equals compares through a memcmp call; dims are few.
-bool same_sizes_and_strides(const c10::TensorImpl* a, const c10::TensorImpl* b) {
-  const c10::IntArrayRef as = a->sizes(), bs = b->sizes();
-  if (as.size() != bs.size()) return false;
-  const c10::IntArrayRef ast = a->strides(), bst = b->strides();
-  for (size_t i = 0; i < as.size(); ++i) {
-    if (as[i] != bs[i] || ast[i] != bst[i]) return false;
-  }
-  return true;
-}
-}  // namespace
-
-at::Tensor pooled_cpu_alias(AliasPool& pool, const at::Tensor& t, c10::Storage& storage) {
+at::Tensor pooled_cpu_alias(AliasPool& pool, const at::Tensor& t, c10::Storage& storage, bool inference) {
   const c10::TensorImpl* src = t.unsafeGetTensorImpl();
   // A TensorImpl's autograd keys follow inference mode at its creation: a
   // pooled one is used only in the mode it was made in, as a new one would be.
-  if (pool.empty() || pool.back()->is_inference() != c10::InferenceMode::is_enabled()) {
+  if (pool.empty() || pool.back()->is_inference() != inference) {
     if (!storage) storage = alias_storage(src->unsafe_storage());
     return cpu_alias(t, storage);
   }
-  c10::intrusive_ptr<c10::TensorImpl> impl = std::move(pool.back());
+  // Only AliasImpls enter the pool (recycle_cpu_alias).
+  auto impl = c10::intrusive_ptr<AliasImpl>::reclaim(static_cast<AliasImpl*>(pool.back().release()));
   pool.pop_back();
   if (!storage) {
     const c10::Storage& npu = src->unsafe_storage();
@@ -118,18 +167,9 @@ at::Tensor pooled_cpu_alias(AliasPool& pool, const at::Tensor& t, c10::Storage& 
     own->set_nbytes(npu.sym_nbytes());
     storage = impl->unsafe_storage();
   }
-  // Loops call ops on one shape after another: the pooled alias often has
-  // the sizes and strides already, and then its contiguity flags too.
-  const bool same_geometry = same_sizes_and_strides(impl.get(), src);
-  impl->set_storage_and_dtype(storage, t.dtype());
-  if (same_geometry) {
-    impl->set_storage_offset(src->storage_offset());
-  } else {
-    impl->set_sizes_and_strides(src->sizes(), src->strides(), src->storage_offset());
-  }
-  impl->_set_conj(src->is_conj());
-  impl->_set_neg(src->is_neg());
-  return at::Tensor(std::move(impl));
+  impl->take_storage(storage, t.dtype());
+  take_geometry_and_flags(impl.get(), src);
+  return as_tensor(std::move(impl));
 }
 
 void recycle_cpu_alias(AliasPool& pool, at::Tensor&& alias) {
@@ -139,7 +179,8 @@ void recycle_cpu_alias(AliasPool& pool, at::Tensor&& alias) {
   // device memory (not resized or replaced by the kernel).
   c10::TensorImpl* impl = alias.unsafeGetTensorImpl();
   if (alias.use_count() != 1 || alias.weak_use_count() != 1) return;
-  if (impl->key_set().has(c10::DispatchKey::Python) || !impl->allow_tensor_metadata_change() ||
+  if (typeid(*impl) != typeid(AliasImpl) || impl->key_set().has(c10::DispatchKey::Python) ||
+      !impl->allow_tensor_metadata_change() ||
       !impl->has_storage() || impl->device_type() != c10::DeviceType::CPU) {
     return;
   }

@@ -48,7 +48,8 @@ AliasPool& this_thread_alias_pool();
 // cpu_alias from the pool (a new one when it is empty). `storage` is the
 // call's alias of t's npu storage; when empty, one is made (or the pooled
 // alias's own one is pointed at t's memory) and returned through it.
-at::Tensor pooled_cpu_alias(AliasPool& pool, const at::Tensor& t, c10::Storage& storage);
+// `inference` is c10::InferenceMode::is_enabled() (a call reads it once).
+at::Tensor pooled_cpu_alias(AliasPool& pool, const at::Tensor& t, c10::Storage& storage, bool inference);
 // Gives an alias back to the pool when nothing else holds it and the kernel
 // left it a plain alias; otherwise it is simply released.
 void recycle_cpu_alias(AliasPool& pool, at::Tensor&& alias);

@@ -11,6 +11,7 @@
 #include <ATen/core/boxing/KernelFunction.h>
 #include <ATen/core/boxing/impl/boxing.h>
 #include <ATen/Operators.h>
+#include <c10/core/InferenceMode.h>
 #include <c10/util/SmallVector.h>
 #include <torch/library.h>
 
@@ -39,6 +40,7 @@ struct Call {
   c10::SmallVector<std::pair<const at::Tensor*, at::Tensor>, 4> aliases;
   c10::SmallVector<std::pair<c10::StorageImpl*, c10::Storage>, 4> storages;
   AliasPool* pool = nullptr;
+  bool inference = false;  // InferenceMode::is_enabled(), read with the pool
 
   // Out of line (as are alias, result and the destructor): one copy of the
   // shared work, not one per op's kernel, keeps the hot code small.
@@ -68,8 +70,11 @@ struct Call {
       if (s.first == npu) shared = s.second;
     }
     const bool made = !shared;
-    if (pool == nullptr) pool = &this_thread_alias_pool();
-    at::Tensor a = pooled_cpu_alias(*pool, t, shared);
+    if (pool == nullptr) {
+      pool = &this_thread_alias_pool();
+      inference = c10::InferenceMode::is_enabled();
+    }
+    at::Tensor a = pooled_cpu_alias(*pool, t, shared, inference);
     if (made) storages.emplace_back(npu, std::move(shared));
     aliases.emplace_back(&t, a);
     return a;
