@@ -81,9 +81,13 @@ class AliasImpl final : public c10::TensorImpl {
   // plain TensorImpl (default size/stride policy, no symbolic sizes): its
   // cached flags are read as they are.
   void take_geometry(const c10::TensorImpl* t) {
-    const c10::IntArrayRef sizes = t->sizes();
-    sizes_and_strides_.set_sizes(sizes);
-    sizes_and_strides_.set_strides(t->strides());
+    const c10::IntArrayRef sizes = t->sizes(), strides = t->strides();
+    // element by element: dims are few, and std::copy would call memmove twice
+    sizes_and_strides_.resize(sizes.size());
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      sizes_and_strides_.size_at_unchecked(i) = sizes[i];
+      sizes_and_strides_.stride_at_unchecked(i) = strides[i];
+    }
     storage_offset_ = t->storage_offset();
     numel_ = t->numel();
     is_contiguous_ = t->is_contiguous_default(at::MemoryFormat::Contiguous);
