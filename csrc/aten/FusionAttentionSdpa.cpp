@@ -96,6 +96,35 @@ bool direct_loops(const at::Tensor& x) {
          !x.key_set().has(c10::DispatchKey::Functionalize) && c10::impl::TorchDispatchModeTLS::stack_len() == 0;
 }
 
+// The max of row[0, n) (times sc first when Premul) as the loop `best = v > best ? v : best`
+// from -inf computes it: four independent maxima (a max does not depend on the order, but
+// for the sign of a zero, which the caller's + 0 erases). A row with a NaN is left to the
+// sequential loop (*has_nan), which returns its first NaN.
+template <bool Premul>
+float row_max_no_nan(const float* row, int64_t n, float sc, bool* has_nan) {
+  float b0 = -INFINITY, b1 = -INFINITY, b2 = -INFINITY, b3 = -INFINITY;
+  bool nan = false;
+  const auto at = [&](int64_t j) { return Premul ? row[j] * sc : row[j]; };
+  int64_t j = 0;
+  for (; j + 4 <= n; j += 4) {
+    const float v0 = at(j), v1 = at(j + 1), v2 = at(j + 2), v3 = at(j + 3);
+    nan |= (v0 != v0) | (v1 != v1) | (v2 != v2) | (v3 != v3);
+    b0 = v0 > b0 ? v0 : b0;
+    b1 = v1 > b1 ? v1 : b1;
+    b2 = v2 > b2 ? v2 : b2;
+    b3 = v3 > b3 ? v3 : b3;
+  }
+  for (; j < n; ++j) {
+    const float v = at(j);
+    nan |= v != v;
+    b0 = v > b0 ? v : b0;
+  }
+  *has_nan = nan;
+  b0 = b1 > b0 ? b1 : b0;
+  b2 = b3 > b2 ? b3 : b2;
+  return b2 > b0 ? b2 : b0;
+}
+
 // m[:, :, i0 + r] = the row max of block x as row_max's ATen ops compute it (j <= i0 + r
 // when causal; the logits times scale first when scale <= 0, the max times scale after
 // when scale > 0; then + 0): x float [b, n, rows, cols], m float [b, n, s1]. A NaN logit
@@ -105,19 +134,28 @@ void block_row_max(const at::Tensor& x, at::Tensor& m, int64_t i0, bool causal, 
   auto ma = m.accessor<float, 3>();
   const float sc = static_cast<float>(scale);
   const int64_t rows = x.size(2), cols = x.size(3);
+  const bool unit_stride = x.stride(3) == 1;
   for (int64_t bi = 0; bi < x.size(0); ++bi) {
     for (int64_t h = 0; h < x.size(1); ++h) {
       for (int64_t r = 0; r < rows; ++r) {
         const auto row = xa[bi][h][r];
         const int64_t limit = causal ? std::min(cols, i0 + r + 1) : cols;
         float best = -INFINITY;
-        for (int64_t j = 0; j < limit; ++j) {
-          const float v = scale <= 0 ? row[j] * sc : row[j];
-          if (std::isnan(v)) {
-            best = v;
-            break;
+        bool has_nan = true;
+        if (unit_stride) {
+          best = scale <= 0 ? row_max_no_nan<true>(row.data(), limit, sc, &has_nan)
+                            : row_max_no_nan<false>(row.data(), limit, sc, &has_nan);
+        }
+        if (has_nan) {
+          best = -INFINITY;
+          for (int64_t j = 0; j < limit; ++j) {
+            const float v = scale <= 0 ? row[j] * sc : row[j];
+            if (std::isnan(v)) {
+              best = v;
+              break;
+            }
+            if (v > best) best = v;
           }
-          if (v > best) best = v;
         }
         if (scale > 0) best = best * sc;
         ma[bi][h][i0 + r] = best + 0.0f;
