@@ -15,8 +15,9 @@ def _bits(t):
 def test_the_hot_ops_are_registered_unboxed():
     # every entry of the table that would otherwise run the boxed zero-copy kernel
     # registers: native torch_npu ops, and structured ops' functional forms whose
-    # NPU kernel is their .out (argmax, gelu, cumprod, index_add_)
-    assert torch_npu._kernel_registration["unboxed"] >= 104
+    # NPU kernel is their .out (argmax, gelu, cumprod, index_add_); the train steps' group
+    # norm and dropout backward included
+    assert torch_npu._kernel_registration["unboxed"] >= 107
 
 
 CASES = {
@@ -47,6 +48,8 @@ CASES = {
     "lerp_": lambda a, b: a.clone().lerp_(b, 0.3),
     "addcmul_": lambda a, b: a.clone().addcmul_(a, b, value=2.0),
     "addcdiv_": lambda a, b: a.clone().addcdiv_(a, b.abs() + 1, value=0.5),
+    "group_norm": lambda a, b: torch.nn.functional.group_norm(a.reshape(2, 4, 3), 2, b[0, :4], b[1, :4]),
+    "dropout_backward": lambda a, b: torch.ops.aten.native_dropout_backward(a, b > 0, 1.25),
 }
 
 
@@ -59,6 +62,19 @@ def test_results_are_bitwise_the_cpu_results(name):
     assert got.device.type == "npu"
     assert got.dtype == want.dtype and got.shape == want.shape
     assert torch.equal(_bits(got), _bits(want))
+
+
+def test_group_norm_gradients_are_the_cpu_gradients():
+    # native_group_norm_backward (unboxed) returns all three gradients
+    g = torch.Generator().manual_seed(3)
+    x, w, b, dy = (torch.randn(*s, generator=g) for s in ((2, 6, 5), (6,), (6,), (2, 6, 5)))
+    grads = []
+    for dev in ("cpu", "npu"):
+        xs = [t.detach().to(dev).requires_grad_() for t in (x, w, b)]
+        torch.nn.functional.group_norm(xs[0], 3, xs[1], xs[2]).backward(dy.to(dev))
+        grads.append([t.grad.cpu() for t in xs])
+    for want, got in zip(*grads):
+        assert torch.equal(_bits(got), _bits(want))
 
 
 def test_max_dim_returns_both_results_on_npu():

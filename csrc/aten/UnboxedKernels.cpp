@@ -396,6 +396,9 @@ const Entry kEntries[] = {
     NPU_UNBOXED("log1p", log1p),
     NPU_UNBOXED("erf", erf),
     NPU_UNBOXED("mean", mean),
+    NPU_UNBOXED("native_dropout_backward", native_dropout_backward),
+    NPU_UNBOXED("native_group_norm", native_group_norm),
+    NPU_UNBOXED("native_group_norm_backward", native_group_norm_backward),
 };
 
 #undef NPU_UNBOXED
