@@ -109,8 +109,8 @@ struct Call {
 
 // Holds the aliases of a tensor list for the duration of the CPU call.
 struct ListAliases {
-  std::vector<at::Tensor> tensors;
-  operator at::ITensorListRef() const { return at::ITensorListRef(tensors); }
+  c10::SmallVector<at::Tensor, 4> tensors;  // cat's few inputs: no heap allocation
+  operator at::ITensorListRef() const { return at::ITensorListRef(c10::ArrayRef<at::Tensor>(tensors)); }
 };
 
 // Per argument type: may the fast path take it, and what the CPU kernel gets.
