@@ -291,3 +291,50 @@ def test_pooled_aliases_across_inference_mode_threads_and_shared_storage():
     for t in threads:
         t.join()
     assert errors == []
+
+
+# An alias takes the npu tensor's sizes, strides, numel and cached contiguity flags as they are
+# (AliasImpl, CpuAlias.cpp); CPU kernels choose their result layouts from those flags. A pooled
+# alias goes from one layout to the next, so the layouts run one after another, twice.
+LAYOUTS = {
+    "channels_last": ((2, 3, 4, 5), lambda x: x.contiguous(memory_format=torch.channels_last)),
+    "channels_last_3d": ((2, 3, 4, 5, 6), lambda x: x.contiguous(memory_format=torch.channels_last_3d)),
+    "channels_last_size_one": ((2, 1, 4, 1), lambda x: x.contiguous(memory_format=torch.channels_last)),
+    # not dense: clone's preserve_format goes by the channels-last flags
+    "channels_last_sliced": ((2, 3, 4, 6), lambda x: x.contiguous(memory_format=torch.channels_last)[..., ::2]),
+    "channels_last_3d_sliced": ((2, 3, 4, 5, 4),
+                                lambda x: x.contiguous(memory_format=torch.channels_last_3d)[..., ::2]),
+    "permuted_4d": ((2, 3, 4, 5), lambda x: x.permute(0, 2, 1, 3)),
+    "permuted_5d": ((2, 3, 4, 5, 6), lambda x: x.permute(0, 2, 4, 3, 1)),
+    "transposed": ((4, 6), lambda x: x.t()),
+    "expanded": ((4, 1), lambda x: x.expand(4, 5)),
+    "strided_slice": ((6, 8), lambda x: x[1:5:2, ::3]),
+    "zero_dim": ((), lambda x: x),
+    "empty": ((0, 4), lambda x: x),
+    "seven_dims": ((2, 1, 2, 1, 2, 1, 2), lambda x: x.transpose(0, 6)),
+}
+LAYOUT_OPS = [lambda a: a + 1, lambda a: a * a, torch.exp, lambda a: a.clone(),
+              lambda a: torch.where(a > 0, a, a * 2), lambda a: a.sum(-1) if a.dim() else a.sum(),
+              # the result's memory format is the input's suggest_memory_format (its flags)
+              lambda a: torch.nn.functional.interpolate(a, scale_factor=2) if a.dim() in (4, 5) else a - 1]
+
+
+def _formats(t):
+    # (channels_last applies to 4-d tensors, channels_last_3d to 5-d ones)
+    formats = [torch.contiguous_format] + ([torch.channels_last] if t.dim() == 4 else []) + \
+        ([torch.channels_last_3d] if t.dim() == 5 else [])
+    return [t.is_contiguous(memory_format=f) for f in formats]
+
+
+def test_results_keep_the_cpu_layouts_and_memory_formats():
+    g = torch.Generator().manual_seed(5)
+    for _ in range(2):
+        for name, (shape, view) in LAYOUTS.items():
+            base = torch.randn(shape, generator=g)
+            c, n = view(base.clone()), view(base.npu())
+            assert n.stride() == c.stride(), name
+            for i, op in enumerate(LAYOUT_OPS):
+                want, got = op(c), op(n)
+                assert got.shape == want.shape and got.stride() == want.stride(), (name, i)
+                assert _formats(got) == _formats(want), (name, i)
+                assert torch.equal(got.cpu(), want), (name, i)
