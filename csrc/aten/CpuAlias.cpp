@@ -115,10 +115,12 @@ class AliasImpl final : public c10::TensorImpl {
 };
 
 // A TensorImpl whose cached geometry take_geometry may read as it is: a plain
-// one (not a subclass with its own size/stride policy) without symbolic sizes.
+// one (not a subclass with its own size/stride policy) without symbolic sizes,
+// and not a Python tensor (a wrapper subclass may answer sizes and strides
+// from Python: those are read through the policy-aware accessors instead).
 bool plain_geometry(const c10::TensorImpl* t) {
   return (typeid(*t) == typeid(c10::TensorImpl) || typeid(*t) == typeid(AliasImpl)) &&
-         !t->has_symbolic_sizes_strides();
+         !t->has_symbolic_sizes_strides() && !t->key_set().has(c10::DispatchKey::Python);
 }
 
 void take_geometry_and_flags(AliasImpl* a, const c10::TensorImpl* t) {
