@@ -1162,6 +1162,20 @@ def test_factories(name, dev):
     assert_bitwise(t, ref())
 
 
+def test_arange_errors_keep_their_texts():
+    # arange has an npu kernel (aten/DirectKernels.cpp): a zero step raises the CPU kernel's
+    # error; pinned or sparse requests go the composite's way, to the npu empty's errors
+    for kwargs, text in ((dict(end=5, pin_memory=True), "Only dense CPU tensors can be pinned"),
+                         (dict(end=5, layout=torch.sparse_coo), "not currently supported on the NPU backend")):
+        with pytest.raises(RuntimeError, match=text):
+            torch.arange(device="npu", **kwargs)
+    with pytest.raises(RuntimeError) as cpu:
+        torch.arange(0, 10, 0)
+    with pytest.raises(RuntimeError) as npu:
+        torch.arange(0, 10, 0, device="npu")
+    assert str(npu.value) == str(cpu.value)
+
+
 @pytest.mark.parametrize("dev", ["npu", "npu:2"])
 def test_factories_empty_and_randperm(dev):
     e = torch.empty(2, 3, dtype=torch.float64, device=dev)
