@@ -23,6 +23,7 @@
 #include <utility>
 #include <vector>
 
+#include "aten/Dropout.h"
 #include "aten/OpExecution.h"
 
 namespace torch_npu::exec {
@@ -232,6 +233,14 @@ struct CpuKernel<at::_ops::index_Tensor> {
       }
     }
     return at::_ops::index_Tensor::redispatch(kCpu, self, indices);
+  }
+};
+
+// Dropout's backward in one pass instead of the CPU's cast and two muls (Dropout.cpp).
+template <>
+struct CpuKernel<at::_ops::native_dropout_backward> {
+  static at::Tensor run(const at::Tensor& grad, const at::Tensor& mask, double scale) {
+    return kernels::dropout_backward_cpu(grad, mask, scale);
   }
 };
 
