@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import gc
 import math
+import random
 import resource
 import statistics
 import time
 from dataclasses import dataclass, field, asdict
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 _ns = time.perf_counter_ns
 
@@ -117,6 +118,25 @@ class Samples:
             y / x for x, y in zip(self.per_call_ns[a], self.per_call_ns[b])
         )
 
+    def ratio_ci(self, a: str, b: str, level: float = 0.95, boots: int = 400) -> Tuple[float, float]:
+        """Bootstrap confidence interval of median(b) / median(a).
+
+        Reps are resampled as pairs (rep i of a with rep i of b): the two sides
+        of a rep ran next to each other and share that moment's machine noise.
+        Seeded, so one set of samples always gives one interval."""
+        xa, xb = self.per_call_ns[a], self.per_call_ns[b]
+        n = min(len(xa), len(xb))
+        if n < 2:
+            return float("nan"), float("nan")
+        rng = random.Random(0)
+        ratios = []
+        for _ in range(boots):
+            idx = [rng.randrange(n) for _ in range(n)]
+            ratios.append(statistics.median(xb[i] for i in idx) / statistics.median(xa[i] for i in idx))
+        ratios.sort()
+        tail = (1.0 - level) / 2.0
+        return ratios[int(tail * (boots - 1))], ratios[int((1.0 - tail) * (boots - 1))]
+
     def to_dict(self) -> dict:
         return asdict(self)
 
@@ -175,10 +195,17 @@ def time_interleaved(
     warmup: int = 3,
     max_seconds: Optional[float] = None,
     min_reps: int = 5,
+    max_reps: Optional[int] = None,
+    precise: Optional[Callable[[Samples], bool]] = None,
 ) -> Samples:
     """Warm up every variant, then time `reps` reps of `inner` calls of each
     variant, interleaved.  The order alternates each rep (A B, B A, A B, ...)
     so neither side systematically runs "first" (cache / turbo effects).
+
+    With `max_reps` and `precise`, timing goes on past `reps` (up to
+    `max_reps`) while `precise(samples)` says the estimate is still too
+    uncertain (checked every 10 reps, outside the timed regions): a noisy
+    machine gets more samples, a quiet one stops at `reps`.
 
     If `max_seconds` is given, stop early (after at least `min_reps` reps) once
     that wall time has been spent, so the suite's total time stays bounded on
@@ -196,7 +223,9 @@ def time_interleaved(
     gc.disable()
     t_start = time.perf_counter()
     try:
-        for r in range(reps):
+        for r in range(max(reps, max_reps or 0) if precise is not None else reps):
+            if r >= reps and (r - reps) % 10 == 0 and precise(out):
+                break
             order = variants if r % 2 == 0 else list(reversed(variants))
             for v in order:
                 f0 = _minflt()

@@ -7,21 +7,22 @@
 // takes a composite (bernoulli_, div_, mul; backward one mul). Written as
 // ATen ops, the fused pair costs more passes than that composite: mul, mul_
 // and a cast to the bool mask forward; the mask cast back, mul and mul
-// backward. Here each direction is one loop after the draw, computing the
-// same operations in the same order and precision as those ATen ops, so the
-// bits do not change (test_random.py compares them against the ATen ops).
+// backward. Here each direction is one loop after the draw (float, double,
+// bfloat16 on contiguous memory), computing the same operations in the same
+// order and precision as those ATen ops, so the bits do not change
+// (tests/test_dropout.py holds them to the CPU ops); anything else runs the
+// ATen ops themselves.
 #include "aten/Dropout.h"
 
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
-#include <c10/util/BFloat16.h>
-#include <c10/util/bit_cast.h>
 #include <ATen/Parallel.h>
 #include <ATen/TensorIterator.h>
-#include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/native_dropout_backward_ops.h>
 #include <ATen/ops/ones_like.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/bit_cast.h>
 #include <torch/library.h>
 
 #include <atomic>
