@@ -3,7 +3,9 @@
 PyTorch sends an npu tensor's dropout to these two fused ops (as on CUDA).
 Their CPU kernels are ATen compositions: forward ``input.mul(mask).mul_(scale)``
 with the mask cast to bool, backward ``grad * mask * scale``. The npu kernels
-compute both in one pass (csrc/aten/Dropout.cpp); these tests hold them to the
+compute both in one pass for contiguous float, double and bfloat16 tensors
+(csrc/aten/Dropout.cpp) and run the ATen ops for the rest (half included);
+these tests hold both ways to the
 CPU ops, bit for bit, over dtypes, sizes around the loops' block and grain
 sizes, infinities, signed zeros and NaNs (whose bfloat16 bits depend on where
 the CPU's vector loop rounds them), and the layouts the one-pass loops leave
@@ -87,12 +89,17 @@ def test_backward_is_the_cpu_op_bitwise(dtype, n):
         assert torch.equal(_bits(got.cpu()), _bits(want)), scale
 
 
-def test_nan_bits_in_bfloat16_are_the_cpu_ops_wherever_they_fall():
+_NANS = {torch.bfloat16: [0x7FC0, 0xFFC0, 0x7FC1, 0xFF81, 0x7F81],
+         torch.float16: [0x7E00, 0xFE00, 0x7E01, 0xFC01, 0x7C01]}
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_nan_bits_in_half_types_are_the_cpu_ops_wherever_they_fall(dtype):
     # Quiet, negative and payload-carrying NaNs, at every position of a vector
     # block and of the scalar tail: the CPU gives them different bits by position.
-    raw = torch.tensor([0x7FC0, 0xFFC0, 0x7FC1, 0xFF81, 0x7F81], dtype=torch.int32).to(torch.int16)  # wraps to the bits
+    raw = torch.tensor(_NANS[dtype], dtype=torch.int32).to(torch.int16)  # wraps to the bits
     for pos in range(40):
-        x = torch.linspace(-3, 3, 40).to(torch.bfloat16)
+        x = torch.linspace(-3, 3, 40).to(dtype)
         x.view(torch.int16)[pos] = raw[pos % len(raw)]
         mask = torch.arange(40) % 3 != 0
         got = torch.ops.aten.native_dropout_backward(x.npu(), mask.npu(), 1.0 / 0.7)
@@ -102,7 +109,29 @@ def test_nan_bits_in_bfloat16_are_the_cpu_ops_wherever_they_fall():
         assert torch.equal(_bits(out.cpu()), _bits(_cpu_forward(x, m.cpu(), 0.3))), pos
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_every_half_type_value_is_the_cpu_result(dtype):
+    # All 65536 bit patterns as input and as gradient: rounding at every exponent,
+    # subnormals, overflow to infinity, both zeros, infinities and NaNs.
+    x = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(dtype)
+    for p in [0.1, 0.3, 0.77]:
+        out, m = torch.native_dropout(x.npu(), p, True)
+        assert torch.equal(_bits(out.cpu()), _bits(_cpu_forward(x, m.cpu(), p))), p
+        scale = 1.0 / (1.0 - p)
+        got = torch.ops.aten.native_dropout_backward(x.npu(), m, scale)
+        want = torch.ops.aten.native_dropout_backward(x, m.cpu(), scale)
+        assert torch.equal(_bits(got.cpu()), _bits(want)), p
+    finite = x[torch.isfinite(x)]     # no NaN: the one-pass loops' own bits, not the fallback's
+    for p in [0.1, 0.3]:
+        out, m = torch.native_dropout(finite.npu(), p, True)
+        want = _cpu_forward(finite, m.cpu(), p)
+        assert torch.equal(_bits(out.cpu()), _bits(want)), p
+        got = torch.ops.aten.native_dropout_backward(finite.npu(), m, 1.0 / (1.0 - p))
+        want = torch.ops.aten.native_dropout_backward(finite, m.cpu(), 1.0 / (1.0 - p))
+        assert torch.equal(_bits(got.cpu()), _bits(want)), p
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 def test_other_layouts_keep_the_cpu_results_and_strides(dtype):
     base = _values(8 * 6 * 5, dtype, 3).reshape(8, 6, 5)
     cl = _values(2 * 3 * 4 * 5, dtype, 4).reshape(2, 3, 4, 5).contiguous(memory_format=torch.channels_last)

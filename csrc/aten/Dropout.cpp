@@ -38,34 +38,34 @@ namespace {
 // The loops compute in T's op-math type (float for bfloat16) and see memory
 // as plain scalars (bfloat16 as its bits, bool as a byte), which the
 // vectorizer takes. bfloat16 is widened and rounded to nearest even with
-// integer operations; for every value but NaN these are c10::BFloat16's own
-// conversions.
+// integer operations; for every value but NaN these give the bits of c10's
+// scalar and ATen's vectorized conversions. Half keeps the ATen ops: c10's
+// portable float-to-half conversion, written per element, made the loops
+// twice as slow as the ATen ops' F16C ones on large tensors (measured).
 template <class T>
-struct Raw {
-  using type = T;
+struct Elem {
+  using Raw = T;
+  static T load(T v) { return v; }
+  static void store(T& o, T v) { o = v; }
 };
 template <>
-struct Raw<c10::BFloat16> {
-  using type = uint16_t;
+struct Elem<c10::BFloat16> {
+  using Raw = uint16_t;
+  static float load(uint16_t v) { return c10::bit_cast<float>(static_cast<uint32_t>(v) << 16); }
+  static void store(uint16_t& o, float v) {
+    const uint32_t b = c10::bit_cast<uint32_t>(v);
+    o = static_cast<uint16_t>((b + UINT32_C(0x7FFF) + ((b >> 16) & 1)) >> 16);
+  }
 };
-inline float load(float v) { return v; }
-inline double load(double v) { return v; }
-inline float load(uint16_t bf16) { return c10::bit_cast<float>(static_cast<uint32_t>(bf16) << 16); }
-inline void store(float& o, float v) { o = v; }
-inline void store(double& o, double v) { o = v; }
-inline void store(uint16_t& bf16, float v) {
-  const uint32_t b = c10::bit_cast<uint32_t>(v);
-  bf16 = static_cast<uint16_t>((b + UINT32_C(0x7FFF) + ((b >> 16) & 1)) >> 16);
-}
 
 // A NaN result is one the loops may round to bfloat16 with other bits than
 // the ATen ops: ATen's vectorized float-to-bfloat16 rounding keeps other NaN
 // bits than its scalar one, so which a NaN gets depends on where it falls in
-// the op's vector loop. The loops report one, and the caller recomputes with
-// the ATen ops. Float and double products are IEEE operations, the same bits
-// in any loop.
-template <class T, class O>
-constexpr bool kReportsNan = !std::is_same_v<T, O>;
+// the op's vector loop. The loops report one,
+// and the caller recomputes with the ATen ops. Float and double products are
+// IEEE operations, the same bits in any loop.
+template <class T>
+constexpr bool kReportsNan = !std::is_same_v<T, at::opmath_type<T>>;
 
 // Blocks of a fixed size let -O2's vectorizer take the loop body.
 constexpr int64_t kBlock = 16;
@@ -74,53 +74,52 @@ constexpr int64_t kBlock = 16;
 // 1s, with `scale` as mul_ takes it. x * keep is x or a zero, already a T value
 // (NaN aside), so the ATen ops' rounding to T between the products changes
 // nothing. Returns whether a result is NaN (bfloat16 only).
-template <class T, class O>
-inline int forward_block(const T* __restrict__ x, const T* __restrict__ keep, T* __restrict__ out,
+template <class T, class O = at::opmath_type<T>, class R = typename Elem<T>::Raw>
+inline int forward_block(const R* __restrict__ x, const R* __restrict__ keep, R* __restrict__ out,
                          uint8_t* __restrict__ mask, int64_t n, O scale) {
   int nan = 0;
   for (int64_t i = 0; i < n; ++i) {
-    const O k = load(keep[i]);
-    const O r = load(x[i]) * k * scale;
-    store(out[i], r);
+    const O k = Elem<T>::load(keep[i]);
+    const O r = Elem<T>::load(x[i]) * k * scale;
+    Elem<T>::store(out[i], r);
     mask[i] = static_cast<uint8_t>(k != O(0));
-    if constexpr (kReportsNan<T, O>) nan |= r != r;
+    if constexpr (kReportsNan<T>) nan |= r != r;
   }
   return nan;
 }
 
-template <class T, class O>
-bool dropout_forward_loop(const T* x, const T* keep, T* out, uint8_t* mask, int64_t n, O scale) {
+template <class T, class O = at::opmath_type<T>, class R = typename Elem<T>::Raw>
+bool dropout_forward_loop(const R* x, const R* keep, R* out, uint8_t* mask, int64_t n, O scale) {
   int nan = 0;
   int64_t i = 0;
-  for (; i + kBlock <= n; i += kBlock) nan |= forward_block(x + i, keep + i, out + i, mask + i, kBlock, scale);
-  nan |= forward_block(x + i, keep + i, out + i, mask + i, n - i, scale);
+  for (; i + kBlock <= n; i += kBlock) nan |= forward_block<T>(x + i, keep + i, out + i, mask + i, kBlock, scale);
+  nan |= forward_block<T>(x + i, keep + i, out + i, mask + i, n - i, scale);
   return nan != 0;
 }
 
 // grad * mask * scale: the bool mask promoted to T (0 or 1), then the two
 // products, with `scale` as mul(Scalar) takes it. Returns what forward_block does.
-template <class T, class O>
-inline int backward_block(const T* __restrict__ grad, const uint8_t* __restrict__ mask, T* __restrict__ out,
+template <class T, class O = at::opmath_type<T>, class R = typename Elem<T>::Raw>
+inline int backward_block(const R* __restrict__ grad, const uint8_t* __restrict__ mask, R* __restrict__ out,
                           int64_t n, O scale) {
   int nan = 0;
   for (int64_t i = 0; i < n; ++i) {
-    const O r = load(grad[i]) * static_cast<O>(mask[i]) * scale;
-    store(out[i], r);
-    if constexpr (kReportsNan<T, O>) nan |= r != r;
+    const O r = Elem<T>::load(grad[i]) * static_cast<O>(mask[i]) * scale;
+    Elem<T>::store(out[i], r);
+    if constexpr (kReportsNan<T>) nan |= r != r;
   }
   return nan;
 }
 
-template <class T, class O>
-bool dropout_backward_loop(const T* grad, const uint8_t* mask, T* out, int64_t n, O scale) {
+template <class T, class O = at::opmath_type<T>, class R = typename Elem<T>::Raw>
+bool dropout_backward_loop(const R* grad, const uint8_t* mask, R* out, int64_t n, O scale) {
   int nan = 0;
   int64_t i = 0;
-  for (; i + kBlock <= n; i += kBlock) nan |= backward_block(grad + i, mask + i, out + i, kBlock, scale);
-  nan |= backward_block(grad + i, mask + i, out + i, n - i, scale);
+  for (; i + kBlock <= n; i += kBlock) nan |= backward_block<T>(grad + i, mask + i, out + i, kBlock, scale);
+  nan |= backward_block<T>(grad + i, mask + i, out + i, n - i, scale);
   return nan != 0;
 }
 
-// Half keeps the ATen ops: its conversions have no cheap vectorizable form here.
 bool fusable(const at::Tensor& t) {
   const at::ScalarType st = t.scalar_type();
   return (st == at::kFloat || st == at::kDouble || st == at::kBFloat16) && t.is_contiguous() && !t.is_neg() &&
@@ -148,7 +147,7 @@ std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, doubl
         mask = at::empty_like(x, x.options().dtype(at::kBool), at::MemoryFormat::Contiguous);
         std::atomic<bool> nan{false};
         AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "native_dropout", [&] {
-          using R = typename Raw<scalar_t>::type;
+          using R = typename Elem<scalar_t>::Raw;
           const R* xp = reinterpret_cast<const R*>(x.const_data_ptr<scalar_t>());
           const R* kp = reinterpret_cast<const R*>(m.const_data_ptr<scalar_t>());
           R* op = reinterpret_cast<R*>(out.mutable_data_ptr<scalar_t>());
@@ -156,7 +155,7 @@ std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, doubl
           // mul_(Scalar) rounds its scalar to the tensor's dtype first (mul(Scalar) does not).
           const auto s = static_cast<at::opmath_type<scalar_t>>(static_cast<scalar_t>(scale));
           at::parallel_for(0, x.numel(), at::internal::GRAIN_SIZE, [&](int64_t b, int64_t e) {
-            if (dropout_forward_loop(xp + b, kp + b, op + b, mp + b, e - b, s)) nan = true;
+            if (dropout_forward_loop<scalar_t>(xp + b, kp + b, op + b, mp + b, e - b, s)) nan = true;
           });
         });
         if (nan) out = x.mul(m).mul_(scale);
@@ -182,13 +181,13 @@ at::Tensor dropout_backward_cpu(const at::Tensor& grad, const at::Tensor& mask, 
   at::Tensor out = at::empty_like(grad, at::MemoryFormat::Contiguous);
   std::atomic<bool> nan{false};
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, grad.scalar_type(), "native_dropout_backward", [&] {
-    using R = typename Raw<scalar_t>::type;
+    using R = typename Elem<scalar_t>::Raw;
     const R* gp = reinterpret_cast<const R*>(grad.const_data_ptr<scalar_t>());
     const uint8_t* mp = reinterpret_cast<const uint8_t*>(mask.const_data_ptr<bool>());
     R* op = reinterpret_cast<R*>(out.mutable_data_ptr<scalar_t>());
     const auto s = static_cast<at::opmath_type<scalar_t>>(scale);
     at::parallel_for(0, grad.numel(), at::internal::GRAIN_SIZE, [&](int64_t b, int64_t e) {
-      if (dropout_backward_loop(gp + b, mp + b, op + b, e - b, s)) nan = true;
+      if (dropout_backward_loop<scalar_t>(gp + b, mp + b, op + b, e - b, s)) nan = true;
     });
   });
   if (nan) return at::_ops::native_dropout_backward::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), grad, mask, scale);
