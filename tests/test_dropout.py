@@ -3,8 +3,9 @@
 PyTorch sends an npu tensor's dropout to these two fused ops (as on CUDA).
 Their CPU kernels are ATen compositions: forward ``input.mul(mask).mul_(scale)``
 with the mask cast to bool, backward ``grad * mask * scale``. The npu kernels
-compute both in one pass for contiguous float, double and bfloat16 tensors
-(csrc/aten/Dropout.cpp) and run the ATen ops for the rest (half included);
+compute both in one pass for contiguous float, double, bfloat16 and (where
+the CPU has F16C) half tensors (csrc/aten/Dropout.cpp) and run the ATen ops
+for the rest;
 these tests hold both ways to the
 CPU ops, bit for bit, over dtypes, sizes around the loops' block and grain
 sizes, infinities, signed zeros and NaNs (whose bfloat16 bits depend on where
