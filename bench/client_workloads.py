@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Client-workload benchmark: tiny transformers / diffusers / peft models on npu vs CPU.
 
-    .venv/bin/python bench/client_workloads.py            # full run (5 to 15 min on 2 cores, longer when noisy)
+    .venv/bin/python bench/client_workloads.py            # full run (5 to 17 min on 2 cores, longer when noisy)
     .venv/bin/python bench/client_workloads.py --quick    # a few minutes
     .venv/bin/python bench/client_workloads.py --only llama,unet --json out.json
 

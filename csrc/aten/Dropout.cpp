@@ -8,10 +8,10 @@
 // ATen ops, the fused pair costs more passes than that composite: mul, mul_
 // and a cast to the bool mask forward; the mask cast back, mul and mul
 // backward. Here each direction is one loop after the draw (float, double,
-// bfloat16 and, with F16C, half on contiguous memory), computing the same operations in the same
-// order and precision as those ATen ops, so the bits do not change
-// (tests/test_dropout.py holds them to the CPU ops); anything else runs the
-// ATen ops themselves.
+// bfloat16 and, with F16C, half on contiguous memory), computing the same
+// operations in the same order and precision as those ATen ops, so the bits
+// do not change (tests/test_dropout.py holds them to the CPU ops); anything
+// else runs the ATen ops themselves.
 #include "aten/Dropout.h"
 
 #include <ATen/Dispatch.h>
@@ -66,9 +66,9 @@ struct Elem<c10::BFloat16> {
 // A NaN result is one the loops may round to bfloat16 with other bits than
 // the ATen ops: ATen's vectorized float-to-bfloat16 rounding keeps other NaN
 // bits than its scalar one, so which a NaN gets depends on where it falls in
-// the op's vector loop. The loops report one,
-// and the caller recomputes with the ATen ops. Float and double products are
-// IEEE operations, the same bits in any loop.
+// the op's vector loop. The loops report one, and the caller recomputes with
+// the ATen ops. Float and double products are IEEE operations, the same bits
+// in any loop.
 template <class T>
 constexpr bool kReportsNan = !std::is_same_v<T, at::opmath_type<T>>;
 
